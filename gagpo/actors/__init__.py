@@ -1,0 +1,1 @@
+"""Environments, policy backends, the rollout loop and `gagpo-actors`. Imports schemas."""

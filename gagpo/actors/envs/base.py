@@ -1,0 +1,64 @@
+"""The environment protocol every actor environment implements.
+
+An environment is deterministic given its task seed, so the G rollouts of a group
+start from the same state and meet identical `state_key`s again where they can.
+`state_key` is the canonical text of the environment state without dialogue history:
+equal strings mean the same state (DESIGN.md §3, §5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+# Reward given for a reply the environment cannot parse or apply; the state is unchanged.
+INVALID_ACTION_PENALTY = -0.1
+
+
+@dataclass(frozen=True)
+class Reset:
+    """What `reset` returns: the first observation of an episode."""
+
+    observation: str
+    state_key: str
+    admissible: tuple[str, ...] | None  # None where the environment has no such list
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What `step` returns for one agent turn."""
+
+    observation: str  # what the agent sees next
+    state_key: str  # state at decision time (before the action)
+    next_state_key: str | None  # state after the action; None after a terminal step
+    reward: float
+    done: bool  # true terminal
+    truncated: bool  # cut at the turn limit after this step
+    action_valid: bool
+    admissible: tuple[str, ...] | None  # admissible actions in the next state
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """One episode at a time; build a fresh instance (or call reset) per rollout."""
+
+    name: str
+    max_turns: int
+
+    def reset(self, task_seed: int) -> Reset: ...
+
+    def step(self, reply: str) -> Transition: ...
+
+    @property
+    def instructions(self) -> str:
+        """Rules of the environment and the reply format, for the system prompt."""
+        ...
+
+    def expert_plan(self) -> list[str] | None:
+        """Commands that solve the current task from its start, where known."""
+        ...
+
+    @classmethod
+    def vocabulary(cls) -> list[str]:
+        """Every word the command grammar can produce (for word-level tiny policies)."""
+        ...

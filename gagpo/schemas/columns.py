@@ -1,0 +1,111 @@
+"""The column contract of DESIGN.md §3: names, Arrow schemas and file metadata keys.
+
+Column names are a public contract (users write SQL against them); every other
+module refers to them through these constants, never by position.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# Schema version of the steps table, stored in every shard's file metadata.
+# Readers accept any minor version of a major version they know.
+STEPS_SCHEMA_VERSION = "1.0"
+SUPPORTED_MAJOR_VERSIONS = frozenset({1})
+
+# File-metadata keys (Parquet key/value metadata).
+META_SCHEMA_VERSION = b"gagpo.schema_version"
+META_GROUP_SIZE = b"gagpo.group_size"
+META_ESTIMATOR = b"gagpo.estimator"
+META_ESTIMATOR_PARAMS = b"gagpo.estimator_params"
+
+# --- steps table, schema v1: one row per agent turn ---------------------------------
+RUN_ID = "run_id"
+SHARD_ID = "shard_id"
+GROUP_ID = "group_id"
+TRAJ_ID = "traj_id"
+STEP = "step"
+ENV = "env"
+TASK_ID = "task_id"
+STATE_KEY = "state_key"
+NEXT_STATE_KEY = "next_state_key"
+OBSERVATION = "observation"
+PROMPT_IDS = "prompt_ids"
+ACTION_TEXT = "action_text"
+ACTION_IDS = "action_ids"
+BEHAVIOR_LOGPROBS = "behavior_logprobs"
+POLICY_VERSION = "policy_version"
+REWARD = "reward"
+DONE = "done"
+TRUNCATED = "truncated"
+ACTION_VALID = "action_valid"
+CREATED_AT = "created_at"
+
+STEPS_SCHEMA = pa.schema(
+    [
+        pa.field(RUN_ID, pa.string(), nullable=False),
+        pa.field(SHARD_ID, pa.string(), nullable=False),
+        pa.field(GROUP_ID, pa.string(), nullable=False),
+        pa.field(TRAJ_ID, pa.string(), nullable=False),
+        pa.field(STEP, pa.int32(), nullable=False),
+        pa.field(ENV, pa.string(), nullable=False),
+        pa.field(TASK_ID, pa.string(), nullable=False),
+        pa.field(STATE_KEY, pa.string(), nullable=False),
+        pa.field(NEXT_STATE_KEY, pa.string(), nullable=True),
+        pa.field(OBSERVATION, pa.string(), nullable=False),
+        pa.field(PROMPT_IDS, pa.list_(pa.int32()), nullable=False),
+        pa.field(ACTION_TEXT, pa.string(), nullable=False),
+        pa.field(ACTION_IDS, pa.list_(pa.int32()), nullable=False),
+        pa.field(BEHAVIOR_LOGPROBS, pa.list_(pa.float32()), nullable=False),
+        pa.field(POLICY_VERSION, pa.int64(), nullable=False),
+        pa.field(REWARD, pa.float32(), nullable=False),
+        pa.field(DONE, pa.bool_(), nullable=False),
+        pa.field(TRUNCATED, pa.bool_(), nullable=False),
+        pa.field(ACTION_VALID, pa.bool_(), nullable=False),
+        pa.field(CREATED_AT, pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+STEPS_COLUMNS = tuple(STEPS_SCHEMA.names)
+
+# The columns the advantage stage needs; plain Parquet inputs may carry only these.
+ADVANTAGE_INPUT_COLUMNS = (
+    GROUP_ID,
+    TRAJ_ID,
+    STEP,
+    STATE_KEY,
+    NEXT_STATE_KEY,
+    REWARD,
+    DONE,
+    TRUNCATED,
+)
+
+# --- advantages table: keyed by (traj_id, step) --------------------------------------
+RETURN = "return"
+VALUE_PROXY = "value_proxy"
+NEXT_VALUE_PROXY = "next_value_proxy"
+TD_RESIDUAL = "td_residual"
+ADVANTAGE_RAW = "advantage_raw"
+ADVANTAGE = "advantage"
+STATE_GROUP_SIZE = "state_group_size"
+
+ADVANTAGES_SCHEMA = pa.schema(
+    [
+        pa.field(TRAJ_ID, pa.string(), nullable=False),
+        pa.field(STEP, pa.int32(), nullable=False),
+        pa.field(GROUP_ID, pa.string(), nullable=False),
+        pa.field(STATE_KEY, pa.string(), nullable=False),
+        pa.field(RETURN, pa.float64(), nullable=False),
+        pa.field(VALUE_PROXY, pa.float64(), nullable=False),
+        pa.field(NEXT_VALUE_PROXY, pa.float64(), nullable=False),
+        pa.field(TD_RESIDUAL, pa.float64(), nullable=False),
+        pa.field(ADVANTAGE_RAW, pa.float64(), nullable=False),
+        pa.field(ADVANTAGE, pa.float64(), nullable=False),
+        pa.field(STATE_GROUP_SIZE, pa.int64(), nullable=False),
+    ]
+)
+ADVANTAGES_COLUMNS = tuple(ADVANTAGES_SCHEMA.names)
+
+
+def schema_major(version: str) -> int:
+    """Major part of a "MAJOR.MINOR" schema version string."""
+    return int(version.split(".", 1)[0])
