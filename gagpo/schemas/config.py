@@ -1,0 +1,121 @@
+"""Typed configuration models shared by the CLIs, loaded from TOML and overridden by flags.
+
+Every field has bounds and a docstring (shown by `--help`). `load_config` turns a
+pydantic error into one line naming the field and what is accepted.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
+
+from gagpo.schemas.errors import GagpoError
+
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class Config(BaseModel):
+    """Base: unknown keys are errors, docstrings become field descriptions."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class SamplingConfig(Config):
+    """How the policy samples replies."""
+
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    """Softmax temperature; behaviour log-probs are those of the tempered distribution."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass; 1.0 samples from the full distribution."""
+    max_new_tokens: int = Field(24, ge=1, le=4096)
+    """Longest reply, in tokens, for one agent turn."""
+    batch_size: int = Field(16, ge=1, le=4096)
+    """Prompts generated together in one forward batch."""
+    max_prompt_tokens: int = Field(1536, ge=16, le=131072)
+    """Prompts longer than this are cut from the left (oldest history first)."""
+
+
+class ActorConfig(Config):
+    """`gagpo-actors`: roll out a policy in an environment, G rollouts per task."""
+
+    store: str = Field(..., min_length=1)
+    """Store root: a local path or an fsspec URL (s3://bucket/prefix, file:///...)."""
+    env: str = "household"
+    """Environment name (see `gagpo-actors --help` for the list)."""
+    policy: str = "tiny"
+    """Base policy (version 0): a preset name (tiny, smollm2-135m) or a Hugging Face model folder."""
+    groups: int = Field(4, ge=1, le=10_000_000)
+    """Number of groups (tasks) to roll out; ignored with `follow`."""
+    group_size: int = Field(8, ge=1, le=1024)
+    """G: rollouts per task, all starting from the same state."""
+    max_turns: int = Field(20, ge=1, le=10_000)
+    """Turn limit per rollout; reaching it sets `truncated`."""
+    seed: int = Field(0, ge=0, le=2**62)
+    """First task seed; group k plays task seed+k. Sampling seeds derive from it."""
+    follow: bool = False
+    """Run until stopped (SIGINT/SIGTERM), picking up new policy versions."""
+    run_id: str | None = Field(None, pattern=RUN_ID_PATTERN)
+    """Run name used in shard paths (shards/run=<run_id>/); default: a new unique id."""
+    groups_per_shard: int = Field(1, ge=1, le=100_000)
+    """Whole groups collected before a shard is committed."""
+    history_window: int = Field(4, ge=0, le=1000)
+    """Earlier (observation, reply) turns kept in the prompt."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where the policy runs: auto, cpu, cuda or cuda:N."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling parameters of the policy."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def describe_error(error: PydanticValidationError, prefix: str = "") -> str:
+    """One line for the first problem: field path, what is wrong, and the value given."""
+    first = error.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(config)"
+    given = first.get("input")
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        return f"{prefix}unknown config field '{field}'"
+    return f"{prefix}config field '{field}': {msg} (got {given!r})"
+
+
+def read_toml(path: str | Path, section: str | None = None) -> dict[str, Any]:
+    """Read a TOML file; with `section`, that table (or the whole file if it has none)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise GagpoError(f"config file {str(path)!r} does not exist; accepted: a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise GagpoError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    if section and isinstance(data.get(section), dict):
+        return data[section]
+    return data
+
+
+def load_config(
+    model: type[M],
+    path: str | Path | None = None,
+    *,
+    section: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> M:
+    """Build a config model from an optional TOML file plus CLI overrides (None = not given)."""
+    data: dict[str, Any] = read_toml(path, section) if path else {}
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if "." in key:  # nested override such as "sampling.temperature"
+            outer, inner = key.split(".", 1)
+            data.setdefault(outer, {})[inner] = value
+        else:
+            data[key] = value
+    try:
+        return model.model_validate(data)
+    except PydanticValidationError as exc:
+        raise GagpoError(describe_error(exc)) from None

@@ -1,0 +1,134 @@
+"""Validation of stored steps against the column contract (DESIGN.md §3).
+
+Each check raises `ValidationError` with the reason; the store moves a file that
+fails to `quarantine/` with that reason beside it.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gagpo.schemas import columns as C
+from gagpo.schemas.errors import ValidationError
+
+
+def check_schema_version(metadata: dict[bytes, bytes] | None) -> str:
+    """Return the file's schema version; reject missing or unknown major versions."""
+    raw = (metadata or {}).get(C.META_SCHEMA_VERSION)
+    if raw is None:
+        raise ValidationError(
+            f"no schema version in file metadata (key {C.META_SCHEMA_VERSION.decode()}); "
+            f"accepted: {C.STEPS_SCHEMA_VERSION}"
+        )
+    version = raw.decode()
+    try:
+        major = C.schema_major(version)
+    except ValueError:
+        raise ValidationError(f"malformed schema version {version!r}; accepted: MAJOR.MINOR") from None
+    if major not in C.SUPPORTED_MAJOR_VERSIONS:
+        known = ", ".join(str(m) for m in sorted(C.SUPPORTED_MAJOR_VERSIONS))
+        raise ValidationError(f"unknown schema major version {major} ({version}); accepted: {known}")
+    return version
+
+
+def check_columns(table: pa.Table) -> None:
+    """Every contract column is present with its type, and non-nullable ones hold no null."""
+    missing = [name for name in C.STEPS_COLUMNS if name not in table.column_names]
+    if missing:
+        raise ValidationError(f"missing column(s): {', '.join(missing)}")
+    for field in C.STEPS_SCHEMA:
+        actual = table.schema.field(field.name).type
+        if not actual.equals(field.type):
+            raise ValidationError(f"column {field.name} has type {actual}; accepted: {field.type}")
+        if not field.nullable and table.column(field.name).null_count:
+            raise ValidationError(f"column {field.name} holds nulls; it must not")
+
+
+def check_rows(table: pa.Table) -> None:
+    """Row-level rules: aligned action token lists, finite rewards."""
+    ids_len = pc.list_value_length(table.column(C.ACTION_IDS))
+    lp_len = pc.list_value_length(table.column(C.BEHAVIOR_LOGPROBS))
+    bad = pc.not_equal(ids_len, lp_len)
+    if pc.any(bad).as_py():
+        row = pc.index(bad, True).as_py()
+        raise ValidationError(
+            f"action_ids and behavior_logprobs differ in length at row {row} "
+            f"(traj_id {table.column(C.TRAJ_ID)[row].as_py()}, step {table.column(C.STEP)[row].as_py()})"
+        )
+    finite = pc.is_finite(table.column(C.REWARD))
+    if not pc.all(finite).as_py():
+        row = pc.index(finite, False).as_py()
+        raise ValidationError(
+            f"non-finite reward at row {row} (traj_id {table.column(C.TRAJ_ID)[row].as_py()}, "
+            f"step {table.column(C.STEP)[row].as_py()})"
+        )
+
+
+def check_groups(table: pa.Table, group_size: int | None) -> None:
+    """Whole groups: G rollouts each, each rollout complete (steps 0..n-1, ended), one version."""
+    per_traj = table.group_by([C.GROUP_ID, C.TRAJ_ID]).aggregate(
+        [
+            (C.STEP, "min"),
+            (C.STEP, "max"),
+            (C.STEP, "count_distinct"),
+            (C.STEP, "count"),
+        ]
+    )
+    smin, smax = per_traj.column(f"{C.STEP}_min"), per_traj.column(f"{C.STEP}_max")
+    n_distinct, n = per_traj.column(f"{C.STEP}_count_distinct"), per_traj.column(f"{C.STEP}_count")
+    contiguous = pc.and_(
+        pc.and_(pc.equal(smin, 0), pc.equal(n_distinct, n)),
+        pc.equal(pc.add(smax, 1), n),
+    )
+    if not pc.all(contiguous).as_py():
+        i = pc.index(contiguous, False).as_py()
+        raise ValidationError(
+            f"rollout {per_traj.column(C.TRAJ_ID)[i].as_py()} does not hold steps 0..n-1 exactly once"
+        )
+    ended = pc.or_(table.column(C.DONE), table.column(C.TRUNCATED))
+    last = pc.equal(
+        table.column(C.STEP),
+        _broadcast_max_step(table),
+    )
+    unended = pc.and_(last, pc.invert(ended))
+    if pc.any(unended).as_py():
+        i = pc.index(unended, True).as_py()
+        raise ValidationError(
+            f"rollout {table.column(C.TRAJ_ID)[i].as_py()} stops without done or truncated "
+            "(an incomplete rollout)"
+        )
+    per_group = table.group_by(C.GROUP_ID).aggregate(
+        [(C.TRAJ_ID, "count_distinct"), (C.POLICY_VERSION, "count_distinct")]
+    )
+    if group_size is not None:
+        sizes = per_group.column(f"{C.TRAJ_ID}_count_distinct")
+        wrong = pc.not_equal(sizes, group_size)
+        if pc.any(wrong).as_py():
+            i = pc.index(wrong, True).as_py()
+            raise ValidationError(
+                f"group {per_group.column(C.GROUP_ID)[i].as_py()} has {sizes[i].as_py()} rollouts "
+                f"in this shard; expected all {group_size} (a group must not be split)"
+            )
+    versions = per_group.column(f"{C.POLICY_VERSION}_count_distinct")
+    if pc.any(pc.greater(versions, 1)).as_py():
+        i = pc.index(pc.greater(versions, 1), True).as_py()
+        raise ValidationError(
+            f"group {per_group.column(C.GROUP_ID)[i].as_py()} mixes several policy versions"
+        )
+
+
+def _broadcast_max_step(table: pa.Table) -> pa.Array:
+    """Each row's rollout length minus one, aligned with the table's rows."""
+    per_traj = table.group_by(C.TRAJ_ID).aggregate([(C.STEP, "max")])
+    index = pc.index_in(table.column(C.TRAJ_ID), value_set=per_traj.column(C.TRAJ_ID))
+    return pc.take(per_traj.column(f"{C.STEP}_max"), index)
+
+
+def validate_steps(table: pa.Table, metadata: dict[bytes, bytes] | None) -> None:
+    """All checks of a steps shard, in the order a reader needs them."""
+    check_schema_version(metadata)
+    check_columns(table)
+    check_rows(table)
+    raw_size = (metadata or {}).get(C.META_GROUP_SIZE)
+    check_groups(table, int(raw_size) if raw_size else None)

@@ -1,0 +1,173 @@
+"""The store: layout, atomic commit, committed-only listing, validation and quarantine.
+
+Each test runs on a local folder and on an S3-compatible server (moto) on loopback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from gagpo.schemas import columns as C
+from gagpo.schemas.errors import GagpoError, ValidationError
+from gagpo.schemas.store import Store
+from tests.steps_factory import make_steps
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """A moto S3 server on loopback, with credentials in the environment for s3fs."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
+        AWS_ENDPOINT_URL=endpoint, AWS_DEFAULT_REGION="us-east-1",
+    )
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="gagpo")
+    yield endpoint
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path) -> Store:
+    if request.param == "local":
+        return Store(str(tmp_path / "store"))
+    endpoint = request.getfixturevalue("s3_endpoint")
+    prefix = f"s3://gagpo/{tmp_path.name}"
+    return Store(prefix, client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True)
+
+
+def test_write_then_list_and_read_back(store: Store):
+    table = make_steps(shard_id="a1")
+    ref = store.write_shard(table, group_size=3)
+    assert ref.path.endswith("shards/run=run1/a1.parquet")
+    refs = store.list_shards()
+    assert [(r.run_id, r.shard_id) for r in refs] == [("run1", "a1")]
+    back = store.read_shard(refs[0])
+    assert back.num_rows == table.num_rows
+    assert back.schema.metadata[C.META_SCHEMA_VERSION] == C.STEPS_SCHEMA_VERSION.encode()
+    assert back.select(list(C.STEPS_COLUMNS)).cast(C.STEPS_SCHEMA).equals(table)
+
+
+def test_list_filters_by_run_and_ignores_temporaries(store: Store):
+    store.write_shard(make_steps(run_id="a", shard_id="s1"), group_size=3)
+    store.write_shard(make_steps(run_id="b", shard_id="s2"), group_size=3)
+    # A leftover temporary (as a killed writer leaves behind) is never listed.
+    store.fs.pipe_file(store.path("shards", "run=a", ".tmp-dead-s3.parquet"), b"PAR1 torn")
+    assert [r.shard_id for r in store.list_shards()] == ["s1", "s2"]
+    assert [r.shard_id for r in store.list_shards("b")] == ["s2"]
+
+
+def test_writer_refuses_incomplete_group(store: Store):
+    table = make_steps(shard_id="x")
+    partial = table.filter(pc.not_equal(table.column(C.TRAJ_ID), "x-g0-r1"))
+    with pytest.raises(ValidationError, match="group x-g0 has 2 rollouts"):
+        store.write_shard(partial, group_size=3)
+    assert store.list_shards() == []
+
+
+def _commit_raw(store: Store, table: pa.Table, name: str, metadata: dict) -> str:
+    path = store.shard_path("run1", name)
+    store.write_parquet(table, path, metadata)
+    return path
+
+
+META = {C.META_SCHEMA_VERSION: b"1.0", C.META_GROUP_SIZE: b"3"}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "metadata", "reason"),
+    [
+        (lambda t: t, {C.META_SCHEMA_VERSION: b"2.0"}, "unknown schema major version 2"),
+        (lambda t: t.drop_columns([C.REWARD]), META, "missing column"),
+        (
+            lambda t: t.set_column(
+                t.schema.get_field_index(C.BEHAVIOR_LOGPROBS),
+                C.BEHAVIOR_LOGPROBS,
+                pa.array([[-0.1]] * t.num_rows, pa.list_(pa.float32())),
+            ),
+            META,
+            "action_ids and behavior_logprobs differ in length",
+        ),
+        (
+            lambda t: t.set_column(
+                t.schema.get_field_index(C.REWARD),
+                C.REWARD,
+                pa.array([math.nan] + [0.0] * (t.num_rows - 1), pa.float32()),
+            ),
+            META,
+            "non-finite reward",
+        ),
+        (
+            lambda t: t.filter(pc.not_equal(t.column(C.TRAJ_ID), "q-g1-r2")),
+            META,
+            "group q-g1 has 2 rollouts",
+        ),
+    ],
+    ids=["major-version", "missing-column", "lengths", "nan-reward", "split-group"],
+)
+def test_bad_shards_are_quarantined_with_reason(store: Store, mutate, metadata, reason):
+    good = store.write_shard(make_steps(shard_id="good"), group_size=3)
+    bad_path = _commit_raw(store, mutate(make_steps(shard_id="q")), "q", metadata)
+    refs = store.list_shards()
+    assert len(refs) == 2
+    loaded = [ref.shard_id for ref, _ in store.iter_valid_shards(refs)]
+    assert loaded == ["good"]
+    assert not store.fs.exists(bad_path)
+    [record] = store.quarantined()
+    assert reason in record["reason"]
+    assert record["original_path"] == bad_path
+    assert [r.shard_id for r in store.list_shards()] == ["good"]
+    assert store.read_shard(good).num_rows > 0
+
+
+def test_truncated_file_is_quarantined(store: Store):
+    table = make_steps(shard_id="t")
+    path = store.shard_path("run1", "t")
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    store.commit_bytes(path, sink.getvalue().to_pybytes()[:200])
+    assert list(store.iter_valid_shards(store.list_shards())) == []
+    assert "unreadable Parquet" in store.quarantined()[0]["reason"]
+
+
+def test_latest_pointer(store: Store):
+    assert store.latest_version() is None
+    store.set_latest(3)
+    assert store.latest_version() == 3
+
+
+def test_unwritable_store_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(GagpoError, match="cannot be written"):
+        Store(str(blocker / "store")).ensure_writable()
+
+
+def test_unknown_protocol_is_a_clear_error():
+    with pytest.raises(GagpoError, match="cannot be opened"):
+        Store("nosuchproto://bucket/x")
