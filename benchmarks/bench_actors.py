@@ -1,0 +1,90 @@
+"""Actor and storage benchmark (issue #2).
+
+Runs `gagpo-actors`' loop in-process on a temporary store and reports, side by side:
+- bytes per step of the committed zstd Parquet shards against the same rows as JSON lines;
+- the share of actor wall time spent writing shards;
+- steps/s per (environment, policy).
+
+    python benchmarks/bench_actors.py                       # tiny on both built-in envs + smollm2 on household
+    python benchmarks/bench_actors.py --policies tiny --groups 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+from datetime import UTC, datetime
+
+import polars as pl
+
+from gagpo.actors.actor import run_actor
+from gagpo.schemas.config import ActorConfig, SamplingConfig
+from gagpo.schemas.store import Store
+
+
+def jsonl_bytes(store: Store) -> tuple[int, int, int]:
+    """(parquet bytes, JSON-lines bytes, rows) over every committed shard."""
+    parquet = rows = 0
+    json_total = 0
+    for ref in store.list_shards():
+        parquet += store.fs.size(ref.path)
+        frame = pl.from_arrow(store.read_shard(ref))
+        rows += frame.height
+        for record in frame.iter_rows(named=True):
+            json_total += len(json.dumps(record, default=str)) + 1
+    return parquet, json_total, rows
+
+
+def bench(env: str, policy: str, groups: int, group_size: int, max_turns: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = ActorConfig(
+            store=tmp, env=env, policy=policy, groups=groups, group_size=group_size,
+            max_turns=max_turns, seed=1, sampling=SamplingConfig(max_new_tokens=16),
+        )
+        summary = run_actor(config)
+        parquet, jsonl, rows = jsonl_bytes(Store(tmp))
+    assert rows == summary.steps
+    return {
+        "env": env,
+        "policy": policy,
+        "steps": summary.steps,
+        "steps_per_s": summary.steps_per_second,
+        "write_share": summary.seconds_write / summary.seconds_total,
+        "generate_share": summary.seconds_generate / summary.seconds_total,
+        "parquet_bytes_per_step": parquet / rows,
+        "jsonl_bytes_per_step": jsonl / rows,
+        "success_rate": summary.success_rate,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policies", default="tiny,smollm2-135m")
+    parser.add_argument("--envs", default="sokoban,household")
+    parser.add_argument("--groups", type=int, default=6)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-turns", type=int, default=15)
+    parser.add_argument("--smollm2-groups", type=int, default=1)
+    args = parser.parse_args()
+
+    results = []
+    for policy in args.policies.split(","):
+        for env in args.envs.split(","):
+            groups = args.smollm2_groups if policy != "tiny" else args.groups
+            results.append(bench(env, policy, groups, args.group_size, args.max_turns))
+            r = results[-1]
+            print(
+                f"{r['env']:<10} {r['policy']:<14} steps {r['steps']:>5}  {r['steps_per_s']:8.1f} steps/s  "
+                f"write {r['write_share']:6.2%}  generate {r['generate_share']:6.1%}  "
+                f"bytes/step parquet {r['parquet_bytes_per_step']:7.0f} vs jsonl "
+                f"{r['jsonl_bytes_per_step']:7.0f} ({r['jsonl_bytes_per_step'] / r['parquet_bytes_per_step']:.1f}x smaller)",
+                flush=True,
+            )
+    print(json.dumps({"machine": f"{platform.machine()} {os.cpu_count()} cores", "date": datetime.now(UTC).date().isoformat(), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The actor loop: load the newest policy, play a group, commit whole groups as shards.
+
+The store is the only channel to the learner: before each group the actor reads
+`policy/LATEST` and loads that version when it is newer than the one it holds
+(version 0 is the configured base model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import pyarrow as pa
+
+from gagpo.actors.envs import make_env
+from gagpo.actors.policies.presets import load_policy
+from gagpo.actors.rollout import GroupResult, rollout_group
+from gagpo.schemas import columns as C
+from gagpo.schemas.config import ActorConfig
+from gagpo.schemas.store import ShardRef, Store, new_id
+
+
+@dataclass
+class ActorSummary:
+    """What an actor run produced; printed at the end and returned to callers."""
+
+    run_id: str
+    groups: int = 0
+    rollouts: int = 0
+    steps: int = 0
+    successes: int = 0
+    shards: list[ShardRef] = field(default_factory=list)
+    versions: set[int] = field(default_factory=set)
+    seconds_total: float = 0.0
+    seconds_generate: float = 0.0
+    seconds_env: float = 0.0
+    seconds_write: float = 0.0
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.rollouts if self.rollouts else 0.0
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds_total if self.seconds_total else 0.0
+
+    def add(self, result: GroupResult) -> None:
+        self.groups += 1
+        self.rollouts += result.rollouts
+        self.steps += result.steps
+        self.successes += result.successes
+        self.seconds_generate += result.seconds_generate
+        self.seconds_env += result.seconds_env
+
+
+def policy_cache_dir() -> str:
+    return os.path.join(
+        os.environ.get("GAGPO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gagpo")),
+        "policies",
+    )
+
+
+def sampling_seed(seed: int, run_id: str, group_index: int) -> int:
+    """Distinct sampling seeds per run and group, reproducible from them."""
+    digest = hashlib.blake2b(f"{seed}:{run_id}:{group_index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM: the actor finishes its group, commits, and exits."""
+
+    def __init__(self) -> None:
+        self.stop = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.stop:  # a second signal aborts at once; the group in flight is not written
+            raise KeyboardInterrupt
+        self.stop = True
+
+
+def run_actor(config: ActorConfig, *, progress=None) -> ActorSummary:
+    """Roll out `config.groups` groups (or until stopped with `follow`) into the store."""
+    store = Store(config.store)
+    store.ensure_writable()
+    env_factory = partial(make_env, config.env, config.max_turns)
+    env_factory()  # unknown environment -> GagpoError before any model is loaded
+    run_id = config.run_id or new_id()
+    summary = ActorSummary(run_id=run_id)
+
+    policy = load_policy(config.policy, version=0, sampling=config.sampling, device=config.device)
+    stop = _StopFlag()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    pending: list[dict[str, list]] = []
+    shard_id = new_id()
+    start = time.perf_counter()
+    try:
+        k = 0
+        while (config.follow or k < config.groups) and not stop.stop:
+            latest = store.latest_version()
+            if latest is not None and latest != policy.version:
+                local = store.fetch_policy(latest, policy_cache_dir())
+                policy = load_policy(local, version=latest, sampling=config.sampling, device=config.device)
+            result = rollout_group(
+                env_factory,
+                policy,
+                task_seed=config.seed + k,
+                group_id=new_id(),
+                run_id=run_id,
+                shard_id=shard_id,
+                group_size=config.group_size,
+                history_window=config.history_window,
+                sampling_seed=sampling_seed(config.seed, run_id, k),
+            )
+            summary.add(result)
+            summary.versions.add(policy.version)
+            pending.append(result.columns)
+            k += 1
+            if len(pending) >= config.groups_per_shard:
+                summary.shards.append(_commit(store, pending, config.group_size, summary))
+                pending, shard_id = [], new_id()
+            summary.seconds_total = time.perf_counter() - start
+            if progress is not None:
+                progress(summary)
+        if pending:
+            summary.shards.append(_commit(store, pending, config.group_size, summary))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    summary.seconds_total = time.perf_counter() - start
+    return summary
+
+
+def _commit(store: Store, groups: list[dict[str, list]], group_size: int, summary: ActorSummary) -> ShardRef:
+    t0 = time.perf_counter()
+    merged = {name: [v for g in groups for v in g[name]] for name in C.STEPS_COLUMNS}
+    ref = store.write_shard(pa.Table.from_pydict(merged, schema=C.STEPS_SCHEMA), group_size=group_size)
+    summary.seconds_write += time.perf_counter() - t0
+    return ref

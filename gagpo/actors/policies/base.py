@@ -1,0 +1,49 @@
+"""The policy backend interface the rollout loop samples from.
+
+A backend holds one policy version. It turns a chat into prompt token ids and samples
+one reply per prompt, returning every sampled token with its log-probability under the
+distribution it was sampled from: these become the steps table's `action_ids` and
+`behavior_logprobs` (DESIGN.md §3), which the learner's staleness correction divides by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+# One source for the sampling config: the CLI/TOML models in schemas/ own it.
+from gagpo.schemas.config import SamplingConfig
+
+__all__ = ["PolicyBackend", "Sample", "SamplingConfig"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled reply."""
+
+    text: str  # decoded reply, special tokens stripped
+    token_ids: list[int]  # sampled reply tokens, EOS included when sampled, no padding
+    logprobs: list[float]  # log-prob of each sampled token under the sampling distribution
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):  # the column contract, checked at birth
+            raise ValueError(
+                f"sample has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
+            )
+
+
+@runtime_checkable
+class PolicyBackend(Protocol):
+    """A loaded policy: chat → prompt ids, prompt ids → one sampled reply each."""
+
+    version: int  # policy version whose weights are loaded
+    model_dir: Path  # the Hugging Face folder the weights came from
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Chat template + generation prompt, left-truncated to the context budget."""
+        ...
+
+    def generate(self, prompts: list[list[int]], *, seed: int | None = None) -> list[Sample]:
+        """One sample per prompt, in order, sampled in batches; deterministic given `seed`."""
+        ...

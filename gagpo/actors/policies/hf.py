@@ -1,0 +1,220 @@
+"""A transformers backend: batched sampling with the log-probability of every sampled token.
+
+The sampling loop is written out here rather than delegated to `model.generate` so that
+what is recorded is exactly what was sampled from, seeding does not touch torch's global
+RNG, and a reply stops at the end of its line.
+
+Recorded log-probabilities. Token y_k is drawn from softmax(logits_k / T), optionally
+restricted to the nucleus of mass `top_p`. We record log_softmax(logits_k / T)[y_k] — the
+tempered distribution over the full vocabulary. With top_p = 1 that is exactly the
+sampling distribution. With top_p < 1 the distribution actually sampled from is that one
+renormalised over the nucleus, whose log-prob is larger by -log(nucleus mass); we record
+the un-truncated value because it is the one the learner can recompute from logits alone,
+so its importance ratios compare like with like.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gagpo.actors.policies.base import Sample, SamplingConfig
+from gagpo.schemas.errors import GagpoError
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' → cuda when available, else cpu; an unavailable cuda is the user's to fix."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise GagpoError(f"device {device!r} is not valid; accepted: auto, cpu, cuda, cuda:N") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise GagpoError(f"device {device!r} requested but no CUDA device is visible; accepted: auto, cpu")
+    if resolved.type not in ("cpu", "cuda"):
+        raise GagpoError(f"device {device!r} is not supported; accepted: auto, cpu, cuda, cuda:N")
+    return resolved
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """A loadable folder has a config, safetensors weights and a tokenizer; never pickles."""
+    if not model_dir.is_dir():
+        raise GagpoError(
+            f"model path '{model_dir}' does not exist; accepted: tiny, smollm2-135m, "
+            "or a folder holding a Hugging Face model"
+        )
+    if not (model_dir / "config.json").is_file():
+        raise GagpoError(f"model folder '{model_dir}' has no config.json; accepted: a Hugging Face model folder")
+    if not any(model_dir.glob("*.safetensors")):
+        raise GagpoError(
+            f"model folder '{model_dir}' has no .safetensors weights; accepted: safetensors "
+            "(pickled .bin checkpoints are never loaded)"
+        )
+    if not ((model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer_config.json").is_file()):
+        raise GagpoError(f"model folder '{model_dir}' has no tokenizer; accepted: a folder saved with its tokenizer")
+
+
+class HFPolicy:
+    """A Hugging Face causal LM loaded from a local folder (CPU float32, CUDA bfloat16)."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        version: int = 0,
+        sampling: SamplingConfig | None = None,
+        device: str = "auto",
+    ) -> None:
+        model_dir = Path(model_dir)
+        check_model_dir(model_dir)
+        self.model_dir = model_dir
+        self.version = version
+        self.sampling = sampling or SamplingConfig()
+        self.device = resolve_device(device)
+        self.dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise GagpoError(
+                f"model folder '{model_dir}' has no chat template; accepted: a folder whose "
+                "tokenizer defines chat_template"
+            )
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, local_files_only=True, use_safetensors=True, dtype=self.dtype
+        )
+        self.model.to(self.device).eval()
+        self._keep_last_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+
+        self.eos_ids = self._eos_ids()
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.eos_ids[0]
+        context = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
+        # The reply must fit in the context after the prompt.
+        self.prompt_budget = max(1, min(self.sampling.max_prompt_tokens, context - self.sampling.max_new_tokens))
+        self._newline, self._visible = self._token_classes()
+
+    # -- setup -------------------------------------------------------------------------
+
+    def _eos_ids(self) -> list[int]:
+        ids: list[int] = []
+        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            for i in source if isinstance(source, list) else [source]:
+                if i is not None and i not in ids:
+                    ids.append(int(i))
+        if not ids:
+            raise GagpoError(f"model folder '{self.model_dir}' defines no EOS token; accepted: a tokenizer with eos_token")
+        return ids
+
+    def _token_classes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per vocabulary id: does its text hold a newline / a visible character?
+
+        A reply stops at the first newline that follows visible text, so a leading blank
+        line does not end it. Tokenizers that cannot produce a newline (word-level) stop
+        at EOS or max_new_tokens only.
+        """
+        size = self.model.get_output_embeddings().weight.shape[0]
+        known = min(size, len(self.tokenizer))
+        texts = self.tokenizer.batch_decode([[i] for i in range(known)], skip_special_tokens=True)
+        newline = torch.zeros(size, dtype=torch.bool)
+        visible = torch.zeros(size, dtype=torch.bool)
+        newline[:known] = torch.tensor(["\n" in t for t in texts])
+        visible[:known] = torch.tensor([bool(t.strip()) for t in texts])
+        return newline.to(self.device), visible.to(self.device)
+
+    # -- interface ---------------------------------------------------------------------
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Chat template + generation prompt, cut from the left to the prompt budget."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(ids[-self.prompt_budget :])
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], *, seed: int | None = None) -> list[Sample]:
+        """One sample per prompt, in input order; prompts of similar length share a batch."""
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        generator = torch.Generator(device=self.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
+        samples: list[Sample | None] = [None] * len(prompts)
+        size = self.sampling.batch_size
+        for start in range(0, len(order), size):
+            rows = order[start : start + size]
+            for row, sample in zip(rows, self._generate_batch([prompts[i] for i in rows], generator), strict=True):
+                samples[row] = sample
+        return samples  # type: ignore[return-value]
+
+    # -- sampling loop -----------------------------------------------------------------
+
+    def _forward(self, input_ids, attention_mask, position_ids, past):
+        extra = {"logits_to_keep": 1} if self._keep_last_logits else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past,
+            use_cache=True,
+            **extra,
+        )
+        return out.logits[:, -1].float(), out.past_key_values  # [B, V] in float32
+
+    def _pick(self, logprobs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Sample one id per row from exp(logprobs), restricted to the top_p nucleus."""
+        probs = logprobs.exp()  # [B, V]
+        top_p = self.sampling.top_p
+        if top_p < 1.0:
+            sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)  # the top token always stays
+            probs = torch.zeros_like(probs).scatter(-1, sorted_ids, sorted_probs)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
+
+    def _generate_batch(self, batch: list[list[int]], generator: torch.Generator) -> list[Sample]:
+        rows, width = len(batch), max(len(p) for p in batch)
+        input_ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((rows, width), dtype=torch.long)
+        for r, prompt in enumerate(batch):  # left padding: every prompt ends at the last column
+            input_ids[r, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[r, width - len(prompt) :] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # positions count real tokens only
+        eos = torch.tensor(self.eos_ids, device=self.device)
+
+        logits, past = self._forward(input_ids, attention_mask, position_ids, None)
+        next_position = position_ids[:, -1:] + 1  # [B, 1]
+        finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        started = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        tokens, logprobs, alive = [], [], []
+        for step in range(self.sampling.max_new_tokens):
+            tempered = torch.log_softmax(logits / self.sampling.temperature, dim=-1)  # [B, V]
+            token = self._pick(tempered, generator)  # [B]
+            tokens.append(token)
+            logprobs.append(tempered.gather(-1, token[:, None]).squeeze(-1))
+            alive.append(~finished)
+            started |= self._visible[token]
+            finished |= torch.isin(token, eos) | (self._newline[token] & started)
+            if step + 1 == self.sampling.max_new_tokens or bool(finished.all()):
+                break
+            token = token.masked_fill(finished, self.pad_id)  # finished rows idle on padding
+            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=-1)
+            logits, past = self._forward(token[:, None], attention_mask, next_position, past)
+            next_position = next_position + 1
+
+        token_rows = torch.stack(tokens, dim=1).cpu().tolist()  # [B, steps]
+        logprob_rows = torch.stack(logprobs, dim=1).cpu().tolist()
+        alive_rows = torch.stack(alive, dim=1).cpu().tolist()
+        samples = []
+        for ids, lps, keep in zip(token_rows, logprob_rows, alive_rows, strict=True):
+            ids = [t for t, k in zip(ids, keep, strict=True) if k]
+            lps = [lp for lp, k in zip(lps, keep, strict=True) if k]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            samples.append(Sample(text=text, token_ids=ids, logprobs=lps))
+        return samples

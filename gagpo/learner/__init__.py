@@ -1,0 +1,1 @@
+"""The asynchronous learner. Imports schemas and pipeline; never imports actors."""

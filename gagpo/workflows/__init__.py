@@ -1,0 +1,1 @@
+"""Runnable recipes (TOML), local orchestration and the umbrella `gagpo` CLI."""

@@ -1,0 +1,37 @@
+"""Shared CLI plumbing: help text from config docstrings and one-line user errors."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from pydantic import BaseModel
+
+from gagpo.schemas.errors import GagpoError
+
+
+def field_help(model: type[BaseModel], name: str) -> str:
+    """A config field's docstring and default, for click's --help."""
+    info = model.model_fields[name]
+    text = info.description or ""
+    if not info.is_required() and info.default_factory is None:
+        text += f" [default: {info.default}]"
+    return text
+
+
+def run_cli(command: click.Command, prog_name: str) -> None:
+    """Run a click command: user errors become one line on stderr and exit code 2."""
+    try:
+        command.main(prog_name=prog_name, standalone_mode=False)
+    except GagpoError as exc:
+        click.echo(f"{prog_name}: error: {exc}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo(f"{prog_name}: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo(f"{prog_name}: interrupted", err=True)
+        sys.exit(130)
