@@ -41,8 +41,14 @@ def jsonl_bytes(store: Store) -> tuple[int, int, int]:
 def bench(env: str, policy: str, groups: int, group_size: int, max_turns: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         config = ActorConfig(
-            store=tmp, env=env, policy=policy, groups=groups, group_size=group_size,
-            max_turns=max_turns, seed=1, sampling=SamplingConfig(max_new_tokens=16),
+            store=tmp,
+            env=env,
+            policy=policy,
+            groups=groups,
+            group_size=group_size,
+            max_turns=max_turns,
+            seed=1,
+            sampling=SamplingConfig(max_new_tokens=16),
         )
         summary = run_actor(config)
         parquet, jsonl, rows = jsonl_bytes(Store(tmp))
@@ -83,7 +89,16 @@ def main() -> None:
                 f"{r['jsonl_bytes_per_step']:7.0f} ({r['jsonl_bytes_per_step'] / r['parquet_bytes_per_step']:.1f}x smaller)",
                 flush=True,
             )
-    print(json.dumps({"machine": f"{platform.machine()} {os.cpu_count()} cores", "date": datetime.now(UTC).date().isoformat(), "results": results}, indent=1))
+    print(
+        json.dumps(
+            {
+                "machine": f"{platform.machine()} {os.cpu_count()} cores",
+                "date": datetime.now(UTC).date().isoformat(),
+                "results": results,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ from gagpo.schemas.validate import validate_steps
 ACTORS = [sys.executable, "-m", "gagpo.actors.cli"]
 
 
-def run_actors(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_actors(
+    *args: str, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*ACTORS, "--quiet", *args],
         capture_output=True,
@@ -35,8 +37,22 @@ def run_actors(*args: str, timeout: float = 300, env: dict | None = None) -> sub
 def test_actors_write_valid_grouped_shards(store_dir: Path, env_name: str):
     G = 4
     result = run_actors(
-        "--store", str(store_dir), "--env", env_name, "--policy", "tiny", "--groups", "3",
-        "--group-size", str(G), "--max-turns", "6", "--seed", "11", "--groups-per-shard", "2",
+        "--store",
+        str(store_dir),
+        "--env",
+        env_name,
+        "--policy",
+        "tiny",
+        "--groups",
+        "3",
+        "--group-size",
+        str(G),
+        "--max-turns",
+        "6",
+        "--seed",
+        "11",
+        "--groups-per-shard",
+        "2",
     )
     assert result.returncode == 0, result.stderr
     assert "3 groups, 12 rollouts" in result.stdout
@@ -59,8 +75,13 @@ def test_actors_write_valid_grouped_shards(store_dir: Path, env_name: str):
     assert steps[C.POLICY_VERSION].unique().to_list() == [0]
 
     # G rollouts per group, all starting from the same state_key.
-    first = steps.filter(pl.col(C.STEP) == 0).group_by(C.GROUP_ID).agg(
-        pl.col(C.TRAJ_ID).n_unique().alias("rollouts"), pl.col(C.STATE_KEY).n_unique().alias("starts")
+    first = (
+        steps.filter(pl.col(C.STEP) == 0)
+        .group_by(C.GROUP_ID)
+        .agg(
+            pl.col(C.TRAJ_ID).n_unique().alias("rollouts"),
+            pl.col(C.STATE_KEY).n_unique().alias("starts"),
+        )
     )
     assert first.height == 3
     assert first["rollouts"].to_list() == [G] * 3
@@ -84,11 +105,27 @@ def test_actors_write_valid_grouped_shards(store_dir: Path, env_name: str):
 
 
 def test_two_actors_into_one_store_collide_on_nothing(store_dir: Path):
-    common = ["--store", str(store_dir), "--env", "sokoban", "--policy", "tiny", "--groups", "3",
-              "--group-size", "3", "--max-turns", "5"]
+    common = [
+        "--store",
+        str(store_dir),
+        "--env",
+        "sokoban",
+        "--policy",
+        "tiny",
+        "--groups",
+        "3",
+        "--group-size",
+        "3",
+        "--max-turns",
+        "5",
+    ]
     procs = [
-        subprocess.Popen([*ACTORS, "--quiet", *common, "--seed", str(seed), "--run-id", "shared"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [*ACTORS, "--quiet", *common, "--seed", str(seed), "--run-id", "shared"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for seed in (1, 2)
     ]
     for proc in procs:
@@ -119,9 +156,15 @@ Store(sys.argv[1]).write_shard(make_steps(shard_id="torn"), group_size=3)
 
 def test_sigkill_during_commit_leaves_nothing_visible(store_dir: Path):
     store = Store(str(store_dir))
-    store.write_shard(__import__("tests.steps_factory").steps_factory.make_steps(shard_id="ok"), group_size=3)
-    proc = subprocess.Popen([sys.executable, "-c", _SLOW_COMMIT, str(store_dir)], stdout=subprocess.PIPE,
-                            text=True, cwd=Path(__file__).resolve().parents[1])
+    store.write_shard(
+        __import__("tests.steps_factory").steps_factory.make_steps(shard_id="ok"), group_size=3
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_COMMIT, str(store_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert proc.stdout.readline().strip() == "writing"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -135,9 +178,25 @@ def test_sigkill_of_running_actor_leaves_only_whole_shards(store_dir: Path):
     """Kill a real actor at several moments; every visible shard is complete and valid."""
     for delay in (2.0, 3.5, 5.0):
         proc = subprocess.Popen(
-            [*ACTORS, "--quiet", "--store", str(store_dir), "--env", "household", "--policy", "tiny",
-             "--follow", "--group-size", "2", "--max-turns", "3", "--seed", str(int(delay * 10))],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                *ACTORS,
+                "--quiet",
+                "--store",
+                str(store_dir),
+                "--env",
+                "household",
+                "--policy",
+                "tiny",
+                "--follow",
+                "--group-size",
+                "2",
+                "--max-turns",
+                "3",
+                "--seed",
+                str(int(delay * 10)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)

@@ -35,10 +35,20 @@ def s3_endpoint():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
+    saved = {
+        k: os.environ.get(k)
+        for k in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_ENDPOINT_URL",
+            "AWS_DEFAULT_REGION",
+        )
+    }
     os.environ.update(
-        AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
-        AWS_ENDPOINT_URL=endpoint, AWS_DEFAULT_REGION="us-east-1",
+        AWS_ACCESS_KEY_ID="test",
+        AWS_SECRET_ACCESS_KEY="test",
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_DEFAULT_REGION="us-east-1",
     )
     import boto3
 

@@ -103,7 +103,9 @@ def run_actor(config: ActorConfig, *, progress=None) -> ActorSummary:
             latest = store.latest_version()
             if latest is not None and latest != policy.version:
                 local = store.fetch_policy(latest, policy_cache_dir())
-                policy = load_policy(local, version=latest, sampling=config.sampling, device=config.device)
+                policy = load_policy(
+                    local, version=latest, sampling=config.sampling, device=config.device
+                )
             result = rollout_group(
                 env_factory,
                 policy,
@@ -134,9 +136,13 @@ def run_actor(config: ActorConfig, *, progress=None) -> ActorSummary:
     return summary
 
 
-def _commit(store: Store, groups: list[dict[str, list]], group_size: int, summary: ActorSummary) -> ShardRef:
+def _commit(
+    store: Store, groups: list[dict[str, list]], group_size: int, summary: ActorSummary
+) -> ShardRef:
     t0 = time.perf_counter()
     merged = {name: [v for g in groups for v in g[name]] for name in C.STEPS_COLUMNS}
-    ref = store.write_shard(pa.Table.from_pydict(merged, schema=C.STEPS_SCHEMA), group_size=group_size)
+    ref = store.write_shard(
+        pa.Table.from_pydict(merged, schema=C.STEPS_SCHEMA), group_size=group_size
+    )
     summary.seconds_write += time.perf_counter() - t0
     return ref

@@ -52,10 +52,14 @@ def _print_summary(summary, store_url: str) -> None:
         f"time: generate {summary.seconds_generate / total:.0%}, environment "
         f"{summary.seconds_env / total:.0%}, writing shards {summary.seconds_write / total:.1%}"
     )
-    click.echo(f"{len(summary.shards)} shard(s) written under {store_url.rstrip('/')}/shards/run={summary.run_id}/")
+    click.echo(
+        f"{len(summary.shards)} shard(s) written under {store_url.rstrip('/')}/shards/run={summary.run_id}/"
+    )
 
 
-@click.command(name="actors", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.command(
+    name="actors", context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
+)
 @click.option("--store", help=field_help(ActorConfig, "store"))
 @click.option("--env", help=field_help(ActorConfig, "env") + f" Accepted: {ENV_NAMES}.")
 @click.option("--policy", help=field_help(ActorConfig, "policy"))
@@ -95,7 +99,9 @@ def actors_command(config_file, quiet, temperature, max_new_tokens, batch_size, 
 
     from gagpo.actors.actor import run_actor
 
-    progress, update = (None, None) if quiet else _progress_printer(None if config.follow else config.groups)
+    progress, update = (
+        (None, None) if quiet else _progress_printer(None if config.follow else config.groups)
+    )
     if progress is not None:
         with progress:
             summary = run_actor(config, progress=update)

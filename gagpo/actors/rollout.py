@@ -63,7 +63,9 @@ def rollout_group(
             _Rollout(env, f"{group_id}-{j}", first.observation, first.state_key, first.admissible)
         )
     if len({r.state_key for r in rollouts}) != 1:
-        raise RuntimeError(f"environment {rollouts[0].env.name} is not deterministic given its seed")
+        raise RuntimeError(
+            f"environment {rollouts[0].env.name} is not deterministic given its seed"
+        )
 
     columns: dict[str, list] = {name: [] for name in C.STEPS_COLUMNS}
     env_name = rollouts[0].env.name
@@ -109,7 +111,11 @@ def rollout_group(
             for name, value in row.items():
                 columns[name].append(value)
             r.history.append((r.observation, sample.text))
-            r.observation, r.state_key, r.admissible = tr.observation, tr.next_state_key, tr.admissible
+            r.observation, r.state_key, r.admissible = (
+                tr.observation,
+                tr.next_state_key,
+                tr.admissible,
+            )
             r.step += 1
             r.ended = tr.done or tr.truncated
             r.success = tr.done

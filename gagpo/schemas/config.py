@@ -21,7 +21,9 @@ RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 class Config(BaseModel):
     """Base: unknown keys are errors, docstrings become field descriptions."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
 
 
 class SamplingConfig(Config):
@@ -90,7 +92,9 @@ def read_toml(path: str | Path, section: str | None = None) -> dict[str, Any]:
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise GagpoError(f"config file {str(path)!r} does not exist; accepted: a TOML file") from None
+        raise GagpoError(
+            f"config file {str(path)!r} does not exist; accepted: a TOML file"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise GagpoError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     if section and isinstance(data.get(section), dict):

@@ -13,6 +13,7 @@ committed names, so a crash never exposes a half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -111,7 +112,9 @@ class Store:
             self.fs.pipe_file(path, data)
             return
         os.makedirs(parent, exist_ok=True)
-        temp = posixpath.join(parent, f"{_TEMP_PREFIX}{uuid.uuid4().hex}-{posixpath.basename(path)}")
+        temp = posixpath.join(
+            parent, f"{_TEMP_PREFIX}{uuid.uuid4().hex}-{posixpath.basename(path)}"
+        )
         try:
             with open(temp, "wb") as handle:
                 handle.write(data)
@@ -215,7 +218,9 @@ class Store:
         try:
             return int(text)
         except ValueError:
-            raise GagpoError(f"{path} holds {text!r}; accepted: a version number such as 7") from None
+            raise GagpoError(
+                f"{path} holds {text!r}; accepted: a version number such as 7"
+            ) from None
 
     def set_latest(self, version: int) -> None:
         """Point LATEST at `version`; call only once that version is complete."""
@@ -232,10 +237,8 @@ class Store:
             self.fs.get(remote.rstrip("/") + "/", staging, recursive=True)
             open(os.path.join(staging, ".complete"), "w").close()
             os.makedirs(os.path.dirname(local), exist_ok=True)
-            try:
+            with contextlib.suppress(OSError):  # another process finished first
                 os.replace(staging, local)
-            except OSError:  # another process finished first
-                pass
         return local
 
 
@@ -250,8 +253,7 @@ def _fsync_dir(path: str) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)

@@ -25,10 +25,14 @@ def check_schema_version(metadata: dict[bytes, bytes] | None) -> str:
     try:
         major = C.schema_major(version)
     except ValueError:
-        raise ValidationError(f"malformed schema version {version!r}; accepted: MAJOR.MINOR") from None
+        raise ValidationError(
+            f"malformed schema version {version!r}; accepted: MAJOR.MINOR"
+        ) from None
     if major not in C.SUPPORTED_MAJOR_VERSIONS:
         known = ", ".join(str(m) for m in sorted(C.SUPPORTED_MAJOR_VERSIONS))
-        raise ValidationError(f"unknown schema major version {major} ({version}); accepted: {known}")
+        raise ValidationError(
+            f"unknown schema major version {major} ({version}); accepted: {known}"
+        )
     return version
 
 

@@ -16,7 +16,11 @@ from gagpo.workflows.clitools import run_cli
 SUBCOMMANDS = {
     "actors": ("gagpo.actors.cli", "actors_command", "Roll out a policy and write grouped shards."),
     "advantages": ("gagpo.pipeline.cli", "advantages", "Compute advantages from stored steps."),
-    "learner": ("gagpo.learner.cli", "learner_command", "Train on shards and publish policy versions."),
+    "learner": (
+        "gagpo.learner.cli",
+        "learner_command",
+        "Train on shards and publish policy versions.",
+    ),
 }
 
 

@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gagpo.actors.policies.base import Sample, SamplingConfig
+from gagpo.actors.policies.presets import check_model_dir, quiet_transformers
 from gagpo.schemas.errors import GagpoError
 
 
@@ -32,30 +33,16 @@ def resolve_device(device: str) -> torch.device:
     try:
         resolved = torch.device(device)
     except RuntimeError:
-        raise GagpoError(f"device {device!r} is not valid; accepted: auto, cpu, cuda, cuda:N") from None
+        raise GagpoError(
+            f"device {device!r} is not valid; accepted: auto, cpu, cuda, cuda:N"
+        ) from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise GagpoError(f"device {device!r} requested but no CUDA device is visible; accepted: auto, cpu")
+        raise GagpoError(
+            f"device {device!r} requested but no CUDA device is visible; accepted: auto, cpu"
+        )
     if resolved.type not in ("cpu", "cuda"):
         raise GagpoError(f"device {device!r} is not supported; accepted: auto, cpu, cuda, cuda:N")
     return resolved
-
-
-def check_model_dir(model_dir: Path) -> None:
-    """A loadable folder has a config, safetensors weights and a tokenizer; never pickles."""
-    if not model_dir.is_dir():
-        raise GagpoError(
-            f"model path '{model_dir}' does not exist; accepted: tiny, smollm2-135m, "
-            "or a folder holding a Hugging Face model"
-        )
-    if not (model_dir / "config.json").is_file():
-        raise GagpoError(f"model folder '{model_dir}' has no config.json; accepted: a Hugging Face model folder")
-    if not any(model_dir.glob("*.safetensors")):
-        raise GagpoError(
-            f"model folder '{model_dir}' has no .safetensors weights; accepted: safetensors "
-            "(pickled .bin checkpoints are never loaded)"
-        )
-    if not ((model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer_config.json").is_file()):
-        raise GagpoError(f"model folder '{model_dir}' has no tokenizer; accepted: a folder saved with its tokenizer")
 
 
 class HFPolicy:
@@ -77,36 +64,47 @@ class HFPolicy:
         self.device = resolve_device(device)
         self.dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise GagpoError(
-                f"model folder '{model_dir}' has no chat template; accepted: a folder whose "
-                "tokenizer defines chat_template"
+        with quiet_transformers():
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise GagpoError(
+                    f"model folder '{model_dir}' has no chat template; accepted: a folder whose "
+                    "tokenizer defines chat_template"
+                )
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_dir, local_files_only=True, use_safetensors=True, dtype=self.dtype
             )
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, local_files_only=True, use_safetensors=True, dtype=self.dtype
-        )
         self.model.to(self.device).eval()
-        self._keep_last_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        accepted = inspect.signature(self.model.forward).parameters
+        self._keep_last_logits = "logits_to_keep" in accepted
+        # transformers 5.x renamed `past_key_values` to `cache`; accept either.
+        self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
 
         self.eos_ids = self._eos_ids()
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
         context = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
         # The reply must fit in the context after the prompt.
-        self.prompt_budget = max(1, min(self.sampling.max_prompt_tokens, context - self.sampling.max_new_tokens))
+        self.prompt_budget = max(
+            1, min(self.sampling.max_prompt_tokens, context - self.sampling.max_new_tokens)
+        )
         self._newline, self._visible = self._token_classes()
 
     # -- setup -------------------------------------------------------------------------
 
     def _eos_ids(self) -> list[int]:
         ids: list[int] = []
-        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+        for source in (
+            self.tokenizer.eos_token_id,
+            getattr(self.model.generation_config, "eos_token_id", None),
+        ):
             for i in source if isinstance(source, list) else [source]:
                 if i is not None and i not in ids:
                     ids.append(int(i))
         if not ids:
-            raise GagpoError(f"model folder '{self.model_dir}' defines no EOS token; accepted: a tokenizer with eos_token")
+            raise GagpoError(
+                f"model folder '{self.model_dir}' defines no EOS token; accepted: a tokenizer with eos_token"
+            )
         return ids
 
     def _token_classes(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +127,9 @@ class HFPolicy:
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Chat template + generation prompt, cut from the left to the prompt budget."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return list(ids[-self.prompt_budget :])
 
@@ -148,7 +148,9 @@ class HFPolicy:
         size = self.sampling.batch_size
         for start in range(0, len(order), size):
             rows = order[start : start + size]
-            for row, sample in zip(rows, self._generate_batch([prompts[i] for i in rows], generator), strict=True):
+            for row, sample in zip(
+                rows, self._generate_batch([prompts[i] for i in rows], generator), strict=True
+            ):
                 samples[row] = sample
         return samples  # type: ignore[return-value]
 
@@ -160,11 +162,11 @@ class HFPolicy:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past,
             use_cache=True,
+            **{self._cache_arg: past},
             **extra,
         )
-        return out.logits[:, -1].float(), out.past_key_values  # [B, V] in float32
+        return out.logits[:, -1].float(), getattr(out, self._cache_arg)  # [B, V] in float32
 
     def _pick(self, logprobs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Sample one id per row from exp(logprobs), restricted to the top_p nucleus."""
@@ -173,7 +175,8 @@ class HFPolicy:
         if top_p < 1.0:
             sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
             mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)  # the top token always stays
+            # Drop tokens once the mass before them reaches top_p; the top token always stays.
+            sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, sorted_ids, sorted_probs)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
 
@@ -185,7 +188,8 @@ class HFPolicy:
             input_ids[r, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[r, width - len(prompt) :] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # positions count real tokens only
+        # Positions count real tokens only, as in an unpadded forward pass.
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         eos = torch.tensor(self.eos_ids, device=self.device)
 
         logits, past = self._forward(input_ids, attention_mask, position_ids, None)
@@ -204,7 +208,7 @@ class HFPolicy:
             if step + 1 == self.sampling.max_new_tokens or bool(finished.all()):
                 break
             token = token.masked_fill(finished, self.pad_id)  # finished rows idle on padding
-            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=-1)
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=-1)
             logits, past = self._forward(token[:, None], attention_mask, next_position, past)
             next_position = next_position + 1
 

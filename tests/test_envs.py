@@ -1,0 +1,344 @@
+"""The built-in environments: determinism, expert plans, validity, keys, the registry."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import defaultdict
+
+import pytest
+
+from gagpo.actors.envs import ENVIRONMENTS, make_env
+from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Environment
+from gagpo.actors.envs.household import GOAL_KINDS, Household
+from gagpo.actors.envs.parse import normalise_command
+from gagpo.actors.envs.sokoban import MOVES, Sokoban
+from gagpo.schemas.errors import GagpoError
+
+SEEDS = range(120)
+
+
+def _seeds_by_goal_kind(per_kind: int) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = defaultdict(list)
+    env = Household()
+    seed = 0
+    while any(len(found[k]) < per_kind for k in GOAL_KINDS):
+        env.reset(seed)
+        assert env.goal is not None
+        found[env.goal.kind].append(seed)
+        seed += 1
+    return found
+
+
+def _random_walk(env: Environment, seed: int, steps: int, rng: random.Random) -> list:
+    """Transitions of a walk over admissible actions (Sokoban: moves) until the end."""
+    first = env.reset(seed)
+    admissible, out = first.admissible, []
+    for _ in range(steps):
+        assert admissible
+        tr = env.step(rng.choice(admissible))
+        out.append(tr)
+        if tr.done or tr.truncated:
+            break
+        admissible = tr.admissible
+    return out
+
+
+# --- parsing ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("  Go To Cabinet 1. ", "go to cabinet 1"),
+        ("Action: go to cabinet 1", "go to cabinet 1"),
+        ("I should look first.\nAction: `look`", "look"),
+        ("> take  mug 1 from\tcountertop 2!", "take mug 1 from countertop 2"),
+        ('"up"', "up"),
+        ("**Right**\n\nbecause the box is there", "right"),
+        ("", ""),
+    ],
+)
+def test_normalise_command(reply: str, expected: str) -> None:
+    assert normalise_command(reply) == expected
+
+
+def test_sokoban_accepts_move_variants_and_rejects_the_rest() -> None:
+    for reply in ("UP", " up. ", "Move up", "Action: move up", "go up"):
+        env = Sokoban()
+        env.reset(3)
+        assert env.step(reply).action_valid, reply
+    for reply in ("jump", "upward", "up left", "north", ""):
+        env = Sokoban()
+        env.reset(3)
+        assert not env.step(reply).action_valid, reply
+
+
+def test_household_accepts_aliases_of_put() -> None:
+    env = Household()
+    env.reset(0)
+    plan = env.expert_plan()
+    assert plan is not None
+    for command in plan[:-1]:
+        env.step(command)
+    last = plan[-1]
+    assert last.startswith("put ") and " in/on " in last
+    tr = env.step("Action: Put the " + last[len("put ") :].replace(" in/on ", " on the ") + ".")
+    assert tr.action_valid and tr.done
+
+
+# --- determinism -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [Sokoban, Household])
+def test_same_seed_same_episode(cls: type) -> None:
+    for seed in range(20):
+        a, b = cls(), cls()
+        first_a, first_b = a.reset(seed), b.reset(seed)
+        assert first_a == first_b
+        assert a.expert_plan() == b.expert_plan()
+        walk_a = _random_walk(a, seed, 25, random.Random(seed))
+        walk_b = _random_walk(b, seed, 25, random.Random(seed))
+        assert walk_a == walk_b
+
+
+@pytest.mark.parametrize("cls", [Sokoban, Household])
+def test_different_seeds_mostly_different_tasks(cls: type) -> None:
+    env = cls()
+    starts = {env.reset(seed).observation for seed in range(100)}
+    assert len(starts) >= 90
+
+
+def test_reset_restarts_the_task() -> None:
+    env = Household()
+    first = env.reset(7)
+    env.step("go to fridge 1")
+    assert env.reset(7) == first
+
+
+# --- expert plans ----------------------------------------------------------------------
+
+
+def test_sokoban_expert_solves_every_seed() -> None:
+    env = Sokoban()
+    box_counts = set()
+    for seed in SEEDS:
+        first = env.reset(seed)
+        box_counts.add(first.state_key.count("$") + first.state_key.count("*"))
+        plan = env.expert_plan()
+        assert plan and len(plan) >= 3
+        for i, move in enumerate(plan):
+            tr = env.step(move)
+            assert tr.action_valid
+            assert tr.done == (i == len(plan) - 1), (seed, i)
+        # The last push puts the last box on its target: step cost + box reward + bonus.
+        assert tr.reward == pytest.approx(-0.1 + 1.0 + 10.0)
+        assert tr.next_state_key is None
+    assert box_counts == {1, 2}
+
+
+def test_household_expert_solves_every_goal_kind() -> None:
+    for kind, seeds in _seeds_by_goal_kind(per_kind=25).items():
+        for seed in seeds:
+            env = Household()
+            first = env.reset(seed)
+            assert "Your task is to:" in first.observation
+            plan = env.expert_plan()
+            assert plan
+            admissible = first.admissible
+            for i, command in enumerate(plan):
+                assert admissible is not None and command in admissible
+                tr = env.step(command)
+                admissible = tr.admissible
+                assert tr.action_valid, (kind, seed, command)
+                assert tr.done == (i == len(plan) - 1), (kind, seed, i)
+                assert tr.reward == (1.0 if tr.done else 0.0)
+            assert tr.next_state_key is None and tr.admissible == ()
+
+
+# --- invalid actions, truncation, terminal steps ---------------------------------------
+
+
+def test_invalid_replies_cost_a_penalty_and_change_nothing() -> None:
+    for env, reply in [
+        (Sokoban(), "dance"),
+        (Household(), "fly to the moon"),
+        (Household(), "take mug 1 from cabinet 1"),  # nothing is reachable from the start
+    ]:
+        first = env.reset(11)
+        tr = env.step(reply)
+        assert not tr.action_valid
+        assert tr.reward == INVALID_ACTION_PENALTY
+        assert tr.state_key == tr.next_state_key == first.state_key
+        assert tr.admissible == first.admissible
+        assert not tr.done and not tr.truncated
+    assert tr.observation == "Nothing happens."
+
+
+def test_sokoban_wall_bump_is_a_valid_noop() -> None:
+    env = Sokoban()
+    first = env.reset(0)
+    # walk left until a wall stops us; every step is valid and costs the step penalty
+    for _ in range(len(first.state_key.splitlines()[0])):
+        tr = env.step("left")
+        assert tr.action_valid and not tr.done
+        if tr.state_key == tr.next_state_key:
+            assert tr.reward == pytest.approx(-0.1)
+            return
+    pytest.fail("walking left never hit a wall")
+
+
+@pytest.mark.parametrize("cls", [Sokoban, Household])
+def test_truncation_at_max_turns(cls: type) -> None:
+    env = cls(max_turns=3)
+    env.reset(5)
+    replies = ["look", "inventory", "look"] if cls is Household else ["xyzzy"] * 3
+    transitions = [env.step(reply) for reply in replies]
+    assert [t.truncated for t in transitions] == [False, False, True]
+    assert transitions[-1].next_state_key is not None
+    assert not transitions[-1].done
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(replies[0])
+
+
+@pytest.mark.parametrize("cls", [Sokoban, Household])
+def test_terminal_step_has_no_next_state_and_ends_the_episode(cls: type) -> None:
+    env = cls(max_turns=100)
+    env.reset(9)
+    plan = env.expert_plan()
+    assert plan is not None
+    for command in plan:
+        tr = env.step(command)
+    assert tr.done and not tr.truncated and tr.next_state_key is None
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(plan[0])
+
+
+@pytest.mark.parametrize("cls", [Sokoban, Household])
+def test_step_before_reset_raises(cls: type) -> None:
+    with pytest.raises(RuntimeError, match="reset"):
+        cls().step("look")
+
+
+def test_sokoban_rewards_match_boxes_on_targets() -> None:
+    rng = random.Random(0)
+    for seed in range(40):
+        for tr in _random_walk(Sokoban(), seed, 30, rng):
+            if not tr.action_valid:
+                continue
+            after = tr.next_state_key or ""
+            change = after.count("*") - tr.state_key.count("*")
+            if tr.done:  # no grid after the end: the move put the last box on a target
+                change = 1
+            expected = -0.1 + change + (10.0 if tr.done else 0.0)
+            assert tr.reward == pytest.approx(expected)
+
+
+# --- state keys ------------------------------------------------------------------------
+
+
+def _boxes_only(grid: str) -> str:
+    return grid.replace("@", "_").replace("+", ".")
+
+
+def test_sokoban_key_returns_after_a_move_and_its_reverse() -> None:
+    opposite = {"up": "down", "down": "up", "left": "right", "right": "left"}
+    checked = 0
+    for seed in range(30):
+        for move in MOVES:
+            env = Sokoban()
+            start = env.reset(seed).state_key
+            there = env.step(move).next_state_key
+            assert there is not None
+            if there == start or _boxes_only(there) != _boxes_only(start):
+                continue  # blocked, or a box moved: the reverse move does not undo it
+            assert env.step(opposite[move]).next_state_key == start
+            checked += 1
+    assert checked > 30
+
+
+def test_household_keys_ignore_history() -> None:
+    env = Household()
+    env.reset(2)
+    receptacle = "fridge 1"  # every household has one, closed at the start
+    arrived = env.step(f"go to {receptacle}").next_state_key
+    opened = env.step(f"open {receptacle}")
+    closed = env.step(f"close {receptacle}")
+    assert opened.next_state_key != arrived
+    assert closed.next_state_key == arrived
+    # a detour through another receptacle ends in the same state as going straight there
+    other = Household()
+    other.reset(2)
+    other.step("go to sinkbasin 1")
+    other.step("look")
+    assert other.step(f"go to {receptacle}").next_state_key == arrived
+
+
+# --- admissible actions and vocabulary -------------------------------------------------
+
+
+def test_household_admissible_actions_are_all_valid() -> None:
+    rng = random.Random(1)
+    for seed in range(12):
+        env = Household(max_turns=1000)
+        tr = env.reset(seed)
+        for _ in range(15):
+            assert tr.admissible
+            for command in tr.admissible:
+                probe = copy.deepcopy(env)
+                assert probe.step(command).action_valid, (seed, command)
+            tr = env.step(rng.choice(tr.admissible))
+            if tr.done:
+                break
+
+
+def test_household_rejects_grammatical_commands_outside_the_list() -> None:
+    env = Household(max_turns=1000)
+    first = env.reset(4)
+    receptacles = [c[len("go to ") :] for c in first.admissible or () if c.startswith("go to ")]
+    assert env.step(f"go to {receptacles[0]}").action_valid
+    assert not env.step(f"go to {receptacles[0]}").action_valid  # already there
+    assert not env.step("put mug 1 in/on cabinet 1").action_valid  # holding nothing
+    assert not env.step(f"examine {receptacles[1]}").action_valid  # not there
+    assert not env.step("use desklamp 2").action_valid  # no such lamp
+
+
+@pytest.mark.parametrize("cls", [Sokoban, Household])
+def test_vocabulary_covers_every_command(cls: type) -> None:
+    vocabulary = cls.vocabulary()
+    assert vocabulary == cls.vocabulary() and len(set(vocabulary)) == len(vocabulary)
+    words = set(vocabulary)
+    rng = random.Random(2)
+    for seed in range(60):
+        env = cls(max_turns=1000)
+        commands = set(env.reset(seed).admissible or ())
+        commands |= set(env.expert_plan() or ())
+        for tr in _random_walk(env, seed, 30, rng):
+            commands |= set(tr.admissible or ())
+        for command in commands:
+            assert set(command.split()) <= words, command
+
+
+# --- registry --------------------------------------------------------------------------
+
+
+def test_registry_builds_each_environment() -> None:
+    assert set(ENVIRONMENTS) >= {"household", "sokoban"}
+    for name, cls in ENVIRONMENTS.items():
+        env = make_env(name, max_turns=7)
+        assert isinstance(env, cls) and isinstance(env, Environment)
+        assert env.name == name and env.max_turns == 7
+        assert "Reply with exactly one command." in env.instructions
+
+
+def test_unknown_environment_is_a_gagpo_error() -> None:
+    with pytest.raises(
+        GagpoError, match=r"unknown environment 'foo'; accepted: .*household, sokoban"
+    ):
+        make_env("foo", max_turns=5)
+
+
+@pytest.mark.parametrize("cls", [Sokoban, Household])
+def test_bad_max_turns_is_a_gagpo_error(cls: type) -> None:
+    with pytest.raises(GagpoError, match="max_turns"):
+        cls(max_turns=0)
