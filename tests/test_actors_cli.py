@@ -69,7 +69,7 @@ def test_actors_write_valid_grouped_shards(store_dir: Path, env_name: str):
     # Polars and DuckDB read the shards as they are.
     glob = str(store_dir / "shards" / "run=*" / "*.parquet")
     steps = pl.read_parquet(glob)
-    n_duck = duckdb.sql(f"select count(*) from read_parquet('{glob}')").fetchone()[0]
+    n_duck = duckdb.execute(f"select count(*) from read_parquet('{glob}')").fetchone()[0]
     assert steps.height == n_duck > 0
     assert steps[C.ENV].unique().to_list() == [env_name]
     assert steps[C.POLICY_VERSION].unique().to_list() == [0]
