@@ -1,0 +1,268 @@
+"""`gagpo sql` and `gagpo report`: inspect a store with read-only SQL, plots and a summary.
+
+DuckDB and matplotlib are imported inside the commands so that `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import click
+
+from gagpo.schemas.errors import GagpoError
+
+FORMATS = ("table", "csv", "json", "parquet")
+_PROMPT, _CONTINUE = "gagpo> ", "  ...> "
+_HELP = """\
+Enter SQL ending with ';'. Meta commands:
+  .views   the views and their columns
+  .help    this text
+  .quit    leave (also .exit or end of input)"""
+
+
+def _store_option(func):
+    return click.option(
+        "--store",
+        "store_url",
+        required=True,
+        metavar="URL",
+        help="Store root: a local path or an fsspec URL (file://…, s3://…).",
+    )(func)
+
+
+def _gamma_option(func):
+    return click.option(
+        "--gamma",
+        type=click.FloatRange(0.0, 1.0),
+        default=0.95,
+        show_default=True,
+        help="Discount for step_returns and for value proxies of groups without stored advantages.",
+    )(func)
+
+
+@click.command("sql", context_settings={"help_option_names": ["-h", "--help"]})
+@_store_option
+@click.argument("query", required=False)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    help="Output format; parquet needs --out.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write the result to this file instead of standard output.",
+)
+@click.option(
+    "--max-rows",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="Rows shown by --format table (csv, json and parquet write all rows).",
+)
+@_gamma_option
+def sql_command(
+    store_url: str, query: str | None, fmt: str, out: str | None, max_rows: int, gamma: float
+) -> None:
+    """Query a store with read-only DuckDB SQL.
+
+    Views: steps, advantages, estimators, step_returns, trajectories, groups,
+    state_pools, policy_versions, learner_metrics, learner_histograms (see
+    docs/inspect.md). Without QUERY, opens an interactive prompt. Queries cannot
+    write files or read outside the store.
+    """
+    if fmt == "parquet" and out is None:
+        raise GagpoError("--format parquet needs --out FILE; accepted: --out result.parquet")
+    from gagpo.pipeline.sql import open_store_db, run_query
+
+    con = open_store_db(store_url, gamma=gamma)
+    try:
+        if query is not None:
+            _emit(run_query(con, query), fmt, out, max_rows)
+        else:
+            _interactive(con, max_rows)
+    finally:
+        con.close()
+
+
+@click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
+@_store_option
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default="gagpo-report",
+    show_default=True,
+    help="Folder for the PNG plots and summary.md (created if missing).",
+)
+@click.option(
+    "--traj",
+    "traj_ids",
+    multiple=True,
+    metavar="TRAJ_ID",
+    help="Trajectory for the credit heatmap (repeatable); default: the best and worst "
+    "rollout of the group whose returns differ most.",
+)
+@_gamma_option
+def report_command(store_url: str, out: str, traj_ids: tuple[str, ...], gamma: float) -> None:
+    """Write PNG plots and a Markdown summary of a store: learning curves, advantage
+    distributions, singleton states, credit heatmaps and learner diagnostics."""
+    from gagpo.pipeline.report import write_report
+
+    report = write_report(store_url, out, traj_ids=list(traj_ids), gamma=gamma)
+    click.echo(f"wrote {report.summary}")
+    for path in report.figures:
+        click.echo(f"wrote {path}")
+
+
+# --- output --------------------------------------------------------------------------
+def _emit(table, fmt: str, out: str | None, max_rows: int) -> None:
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, out)
+        return
+    if fmt == "table":
+        text = _render_table(table, max_rows)
+    elif fmt == "csv":
+        text = _render_csv(table)
+    else:
+        text = _render_json(table)
+    if out is None:
+        click.echo(text, nl=not text.endswith("\n"))
+    else:
+        with open(out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+
+def _render_table(table, max_rows: int) -> str:
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(show_edge=False, header_style="bold")
+    for field in table.schema:
+        numeric = str(field.type).startswith(("int", "uint", "float", "double", "decimal"))
+        view.add_column(field.name, justify="right" if numeric else "left", overflow="fold")
+    for row in table.slice(0, max_rows).to_pylist():
+        view.add_row(*(_cell(value) for value in row.values()))
+    console = Console(width=200, file=io.StringIO(), color_system=None)
+    console.print(view)
+    shown = min(max_rows, table.num_rows)
+    note = f"({table.num_rows} row{'s' if table.num_rows != 1 else ''}"
+    note += f", first {shown} shown; --format csv writes all)" if shown < table.num_rows else ")"
+    return console.file.getvalue() + note + "\n"
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = str(value)
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def _render_csv(table) -> str:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    # CSV has no nested types: lists are written as JSON text.
+    columns = [
+        _json_column(column) if pa.types.is_nested(column.type) else column
+        for column in table.columns
+    ]
+    buffer = io.BytesIO()
+    pacsv.write_csv(pa.table(columns, names=table.column_names), buffer)
+    return buffer.getvalue().decode("utf-8")
+
+
+def _json_column(column):
+    import json
+
+    import pyarrow as pa
+
+    return pa.array([None if v is None else json.dumps(v) for v in column.to_pylist()], pa.string())
+
+
+def _render_json(table) -> str:
+    """A JSON array of row objects; NaN and infinities become null."""
+    import json
+    import math
+
+    def clean(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    rows = [clean(row) for row in table.to_pylist()]
+    return json.dumps(rows, default=str, indent=None) + "\n"
+
+
+# --- interactive prompt --------------------------------------------------------------
+def _interactive(con, max_rows: int) -> None:
+    from gagpo.pipeline.sql import describe_views, run_query
+
+    tty = sys.stdin.isatty()
+    if tty:
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401  (line editing; no history file is written)
+        click.echo("gagpo sql: read-only views over the store. .help for help, .quit to leave.")
+    buffer: list[str] = []
+    while True:
+        try:
+            line = input((_CONTINUE if buffer else _PROMPT) if tty else "")
+        except EOFError:
+            break
+        command = line.strip()
+        if not buffer and command.startswith("."):
+            if command in (".quit", ".exit"):
+                break
+            if command == ".views":
+                click.echo(describe_views(con))
+            elif command == ".help":
+                click.echo(_HELP)
+            else:
+                click.echo(f"unknown command {command!r}; accepted: .views .help .quit", err=True)
+            continue
+        if not command and not buffer:
+            continue
+        buffer.append(line)
+        if command.endswith(";"):
+            query, buffer = "\n".join(buffer), []
+            try:
+                click.echo(_render_table(run_query(con, query), max_rows), nl=False)
+            except GagpoError as exc:
+                click.echo(f"error: {exc}", err=True)
+    if buffer:
+        click.echo("error: input ended inside a statement (missing ';'); not run", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def inspect() -> None:
+    """Inspect a GAGPO store: read-only SQL and reports."""
+
+
+inspect.add_command(sql_command)
+inspect.add_command(report_command)
+
+
+def main() -> None:
+    from gagpo.workflows.clitools import run_cli
+
+    run_cli(inspect, prog_name="gagpo")
+
+
+if __name__ == "__main__":
+    main()
