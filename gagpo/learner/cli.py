@@ -1,44 +1,90 @@
-"""`gagpo-learner`: the asynchronous learner (its training loop lands with issue #4).
+"""`gagpo-learner`: train on committed shards with the GAGPO objective, publish policy versions.
 
-Until then the command documents its interface with `--help` and says plainly that
-training is not available yet, rather than pretending to train.
+Parses and validates first; torch and transformers are imported only after that, so
+`--help` and configuration errors are instant.
 """
 
 from __future__ import annotations
 
+import os
+
 import click
 
-from gagpo.schemas.errors import GagpoError
-from gagpo.workflows.clitools import run_cli
+from gagpo.learner.config import LearnerConfig, LoraSettings, LossSettings
+from gagpo.pipeline.config import ESTIMATOR_NAMES
+from gagpo.workflows.clitools import field_help, run_cli
+
+L = LearnerConfig
 
 
-@click.command(name="learner", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--store", help="Store root (local path or fsspec URL) the actors write into.")
-@click.option(
-    "--policy",
-    help="Base policy: a preset name (tiny, smollm2-135m) or a Hugging Face model folder.",
+@click.command(
+    name="learner", context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
 )
+@click.option("--store", help=field_help(L, "store"))
+@click.option("--policy", help=field_help(L, "policy"))
 @click.option(
     "--config",
     "config_file",
     type=click.Path(dir_okay=False),
-    help="TOML file ([learner] table); flags override it.",
+    help="TOML file with these settings (its [learner] table, or the top level); flags override it.",
 )
-@click.option("--updates", type=int, help="Number of policy updates to run.")
-@click.option("--batch-groups", type=int, help="B: groups per update batch.")
+@click.option("--updates", type=int, help=field_help(L, "updates"))
+@click.option("--batch-groups", type=int, help=field_help(L, "batch_groups"))
+@click.option("--max-staleness", type=int, help=field_help(L, "max_staleness"))
+@click.option("--mini-batches", type=int, help=field_help(L, "mini_batches"))
+@click.option("--micro-batch-tokens", type=int, help=field_help(L, "micro_batch_tokens"))
+@click.option("--lr", type=float, help=field_help(L, "lr"))
+@click.option("--warmup-steps", type=int, help=field_help(L, "warmup_steps"))
+@click.option("--weight-decay", type=float, help=field_help(L, "weight_decay"))
+@click.option("--grad-clip", type=float, help=field_help(L, "grad_clip"))
+@click.option("--temperature", type=float, help=field_help(L, "temperature"))
 @click.option(
-    "--max-staleness", type=int, help="Drop (and count) data more than this many versions behind."
+    "--estimator",
+    help="Advantage estimator (parameters in the config's [learner.estimator] table). "
+    f"Accepted: {', '.join(ESTIMATOR_NAMES)}. [default: gagpo]",
 )
-@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in STORE/learner/.")
-def learner_command(**_: object) -> None:
+@click.option("--bypass/--no-bypass", default=None, help=field_help(LossSettings, "bypass"))
+@click.option("--behavior-cap", type=float, help=field_help(LossSettings, "behavior_cap"))
+@click.option("--kl-coef", type=float, help=field_help(LossSettings, "kl_coef"))
+@click.option("--keep-versions", type=int, help=field_help(L, "keep_versions"))
+@click.option("--checkpoint-every", type=int, help=field_help(L, "checkpoint_every"))
+@click.option("--device", help=field_help(L, "device"))
+@click.option("--seed", type=int, help=field_help(L, "seed"))
+@click.option("--poll-interval", "poll_interval_s", type=float, help=field_help(L, "poll_interval_s"))
+@click.option("--idle-timeout", "idle_timeout_s", type=float, help=field_help(L, "idle_timeout_s"))
+@click.option("--replay", metavar="STORE", help=field_help(L, "replay"))
+@click.option("--resume", is_flag=True, default=None, help=field_help(L, "resume"))
+@click.option("--lora", is_flag=True, default=None, help=field_help(LoraSettings, "enabled"))
+@click.option("--quiet", is_flag=True, help="No progress lines; only the summary.")
+def learner_command(config_file, quiet, estimator, bypass, behavior_cap, kl_coef, lora, **flags) -> None:
     """Consume committed shards, train with the GAGPO objective and publish policy versions.
 
-    Not available yet: this release ships the actors, the store and the advantage
-    stage; the learner arrives with the next one.
+    Each update takes B whole groups from STORE/shards/ (oldest first, each group once,
+    recorded in STORE/learner/ledger.parquet), computes their advantages, makes the
+    optimiser step(s) and publishes the next version to STORE/policy/v<N>/, then points
+    STORE/policy/LATEST at it. Metrics go to STORE/learner/metrics/ and histograms.zarr.
+    Several processes: torchrun --nproc-per-node N -m gagpo.learner.cli ...
     """
-    raise GagpoError(
-        "the learner is not available in this release yet; run gagpo-actors and gagpo advantages"
-    )
+    from gagpo.schemas.config import load_config
+
+    overrides = dict(flags)
+    overrides |= {"loss.bypass": bypass, "loss.behavior_cap": behavior_cap, "loss.kl_coef": kl_coef}
+    overrides |= {"estimator.estimator": estimator, "lora.enabled": lora}
+    config = load_config(LearnerConfig, config_file, section="learner", overrides=overrides)
+
+    from gagpo.learner.train import train  # heavy: torch, transformers
+
+    summary = train(config, echo=None if quiet else _echo)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary
+        click.echo(
+            f"learner: {summary.updates} update(s) done, policy v{summary.version} published; "
+            f"{summary.groups} group(s) trained in this run, {summary.stale_groups} dropped as "
+            f"stale, {summary.rejected_shards} shard(s) rejected"
+        )
+
+
+def _echo(line: str) -> None:
+    click.echo(line, err=True)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from gagpo.workflows.clitools import run_cli
 
 # name -> (module, attribute, one-line summary)
 SUBCOMMANDS = {
+    "run": ("gagpo.workflows.cli", "run_command", "Run actors and learner together from a recipe."),
     "actors": ("gagpo.actors.cli", "actors_command", "Roll out a policy and write grouped shards."),
     "advantages": ("gagpo.pipeline.cli", "advantages", "Compute advantages from stored steps."),
     "learner": (
@@ -45,6 +46,29 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def gagpo() -> None:
     """GAGPO: grouped multi-turn rollouts, a Polars advantage stage and an asynchronous learner."""
+
+
+@click.command(name="run", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--store", required=True, help="Store root (local path or fsspec URL) shared by actors and learner.")
+@click.option(
+    "--recipe",
+    default="demo",
+    show_default=True,
+    help="A recipe TOML file ([run], [actors], [learner] tables) or the name of a shipped recipe.",
+)
+@click.option("--actors", type=int, help="Actor processes (overrides the recipe's [run] actors).")
+def run_command(store: str, recipe: str, actors: int | None) -> None:
+    """Run actors and the learner together on this machine, talking only through the store.
+
+    The actors roll out with --follow and pick up each version the learner publishes;
+    when the learner has made its updates the actors finish their group and stop, and
+    success rate and return per policy version are printed.
+    """
+    from gagpo.workflows.run import run
+
+    code = run(recipe, store, actors=actors, echo=click.echo)
+    if code:
+        raise click.exceptions.Exit(code)
 
 
 def main() -> None:

@@ -1,0 +1,138 @@
+"""`gagpo-learner` configuration: one typed model, loaded from TOML ([learner]) and flags.
+
+Light to import (no torch): the CLI validates a config before any heavy import.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from gagpo.pipeline.config import EstimatorConfig, GagpoConfig
+from gagpo.schemas.config import Config
+
+if TYPE_CHECKING:
+    from gagpo.learner.loss import LossConfig
+
+
+class LossSettings(Config):
+    """Hyper-parameters of the objective (DESIGN.md §4); mirrors `gagpo.learner.loss.LossConfig`."""
+
+    eps_low: float = Field(0.2, ge=0.0, lt=1.0)
+    """ε_low: the ratio is clipped below at 1 − ε_low."""
+    eps_high: float = Field(0.28, ge=0.0, le=10.0)
+    """ε_high: the ratio is clipped above at 1 + ε_high."""
+    behavior_cap: float = Field(2.0, ge=1.0, le=1e6)
+    """C: truncation of the detached behaviour weight w = min(π_prox/π_behav, C)."""
+    bypass: bool = False
+    """Set π_prox = π_behav (w = 1): skips the proximal pass, plain clipped PPO on stale data."""
+    ratio_level: Literal["action", "token", "sequence"] = "action"
+    """Importance ratio per action (length-normalised, the default), per token or sequence-sum (ablations)."""
+    aggregation: Literal["action_mean", "token_mean"] = "action_mean"
+    """Average the loss over actions (default) or over tokens."""
+    kl_coef: float = Field(0.0, ge=0.0, le=100.0)
+    """Weight of the KL penalty to the base (reference) policy; 0 loads no reference model."""
+    entropy_coef: float = Field(0.0, ge=0.0, le=100.0)
+    """Weight of the entropy bonus; 0 skips computing the entropy."""
+    log_ratio_bound: float = Field(20.0, gt=0.0, le=80.0)
+    """|log ρ| and |log w| are clamped here before exp, so no inf or NaN reaches the optimiser."""
+
+    def to_loss_config(self) -> LossConfig:
+        from gagpo.learner.loss import LossConfig
+
+        return LossConfig(**self.model_dump())
+
+
+class LoraSettings(Config):
+    """Low-rank adapters instead of full fine-tuning."""
+
+    enabled: bool = False
+    """Train LoRA adapters on the target modules; the base weights stay frozen."""
+    rank: int = Field(8, ge=1, le=1024)
+    """r: rank of each adapter."""
+    alpha: float = Field(16.0, gt=0.0, le=1e4)
+    """Scaling numerator: the adapter's output is multiplied by alpha / r."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+    )
+    """Names of the linear layers that get adapters (suffix match on module names)."""
+    publish: Literal["merged", "adapter"] = "merged"
+    """Publish full merged weights (any loader), or a PEFT-format adapter folder beside the base config."""
+
+
+class LearnerConfig(Config):
+    """`gagpo-learner`: train on committed shards with the GAGPO objective and publish versions."""
+
+    store: str = Field(..., min_length=1)
+    """Store root the actors write into: a local path or an fsspec URL (s3://bucket/prefix)."""
+    policy: str = "tiny"
+    """Base policy (version 0): a preset name (tiny, smollm2-135m) or a Hugging Face model folder."""
+    updates: int = Field(100, ge=1, le=10**9)
+    """Number of policy updates to run (counted across restarts: --resume continues the count)."""
+    batch_groups: int = Field(8, ge=1, le=1_000_000)
+    """B: whole groups per update batch."""
+    max_staleness: int = Field(4, ge=0, le=1_000_000)
+    """Groups generated more than this many versions behind the learner are dropped (and counted)."""
+    mini_batches: int = Field(1, ge=1, le=4096)
+    """Optimiser steps per update, each over a slice of the batch's groups (π_prox stays the start-of-update policy)."""
+    micro_batch_tokens: int = Field(8192, ge=16, le=10**8)
+    """Padded tokens (rows × longest row) per forward/backward; gradients accumulate across micro-batches."""
+    lr: float = Field(1e-5, gt=0.0, le=1.0)
+    """Peak learning rate of AdamW."""
+    warmup_steps: int = Field(0, ge=0, le=10**9)
+    """Optimiser steps of linear learning-rate warm-up from lr/(warmup_steps+1) to lr."""
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    """AdamW decoupled weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (β1, β2)."""
+    grad_clip: float = Field(1.0, ge=0.0, le=1e6)
+    """Clip the global gradient norm to this value; 0 disables clipping (the norm is still logged)."""
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    """Softmax temperature of π_θ; must equal the actors' sampling temperature (behaviour log-probs are tempered)."""
+    loss: LossSettings = Field(default_factory=LossSettings)
+    """The objective's hyper-parameters."""
+    estimator: EstimatorConfig = Field(default_factory=GagpoConfig)
+    """Advantage estimator run on each shard before training (see `gagpo advantages`)."""
+    write_advantages: bool = True
+    """Also commit each shard's advantage table under advantages/<estimator_tag>/ for SQL inspection."""
+    keep_versions: int = Field(3, ge=1, le=1_000_000)
+    """K: published policy versions kept in policy/; older ones are deleted (LATEST's is always kept)."""
+    checkpoint_every: int = Field(10, ge=1, le=10**9)
+    """M: write a checkpoint every M updates (and after the last)."""
+    keep_checkpoints: int = Field(2, ge=1, le=1000)
+    """Checkpoints kept in learner/checkpoints/."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where to train: auto, cpu, cuda or cuda:N (under torchrun each process takes its local rank's GPU)."""
+    seed: int = Field(0, ge=0, le=2**62)
+    """Seed of torch's generators (LoRA initialisation, dropout)."""
+    poll_interval_s: float = Field(2.0, gt=0.0, le=3600.0)
+    """Seconds between two listings of STORE/shards/ while waiting for data."""
+    idle_timeout_s: float | None = Field(None, gt=0.0)
+    """Stop (after a final checkpoint) when no usable data arrived for this long; default: wait forever."""
+    replay: str | None = None
+    """Train offline on the shards of this store (read only; no waiting, no staleness drop)."""
+    resume: bool = False
+    """Continue from the last checkpoint in STORE/learner/checkpoints/."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    """Low-rank adapter training."""
+
+    @field_validator("estimator", mode="before")
+    @classmethod
+    def _default_estimator_name(cls, value: object) -> object:
+        # A TOML [learner.estimator] table may omit `estimator`: GAGPO is the default.
+        if isinstance(value, dict) and "estimator" not in value:
+            return {"estimator": "gagpo", **value}
+        return value
+
+    @field_validator("mini_batches")
+    @classmethod
+    def _mini_batches_fit(cls, value: int, info: ValidationInfo) -> int:
+        groups = info.data.get("batch_groups")
+        if groups is not None and value > groups:
+            raise ValueError(
+                f"must not exceed batch_groups ({groups}): each optimiser step needs a group"
+            )
+        return value

@@ -1,0 +1,306 @@
+"""The learner's data feed: committed shards → validated → advantages → batches of B groups.
+
+The unit of consumption is a *group* (DESIGN.md §3: a shard holds whole groups; the
+advantage stage needs whole groups). The ledger (`learner/ledger.parquet`, committed
+atomically after every update and copied into every checkpoint) records for each
+consumed group the update that used it and whether it was trained on or dropped as
+stale. A shard all of whose groups are in the ledger is never read again, so across
+restarts each group, hence each shard, is trained on exactly once.
+
+Staleness of a group = learner version − the group's `policy_version`, measured when
+the batch is formed. Groups more than `max_staleness` behind are dropped and recorded
+(status `stale`), never silently.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gagpo.schemas import columns as C
+from gagpo.schemas.errors import GagpoError, ValidationError
+from gagpo.schemas.store import LEARNER, ShardRef, Store
+
+LEDGER_FILE = "ledger.parquet"
+TRAINED, STALE = "trained", "stale"
+# Column names of the ledger table, one row per consumed group.
+UPDATE, STATUS, SHARD_GROUPS, LEARNER_VERSION = "update", "status", "shard_groups", "learner_version"
+LEDGER_SCHEMA = pa.schema(
+    [
+        pa.field(C.RUN_ID, pa.string(), nullable=False),
+        pa.field(C.SHARD_ID, pa.string(), nullable=False),
+        pa.field(C.GROUP_ID, pa.string(), nullable=False),
+        pa.field(SHARD_GROUPS, pa.int64(), nullable=False),
+        pa.field(C.POLICY_VERSION, pa.int64(), nullable=False),
+        pa.field(UPDATE, pa.int64(), nullable=False),
+        pa.field(LEARNER_VERSION, pa.int64(), nullable=False),
+        pa.field(STATUS, pa.string(), nullable=False),
+    ]
+)
+# Columns of a training batch: one row per action (agent turn).
+BATCH_COLUMNS = (
+    C.SHARD_ID,
+    C.GROUP_ID,
+    C.TRAJ_ID,
+    C.STEP,
+    C.PROMPT_IDS,
+    C.ACTION_IDS,
+    C.BEHAVIOR_LOGPROBS,
+    C.POLICY_VERSION,
+    C.ADVANTAGE,
+)
+
+AdvantageFn = Callable[[pl.LazyFrame], pl.LazyFrame]
+
+
+def pipeline_advantages(estimator) -> AdvantageFn:
+    """The advantage stage of `gagpo.pipeline` with `estimator` (a pipeline config variant)."""
+    from gagpo.pipeline.advantages import compute_advantages
+
+    return lambda steps: compute_advantages(steps, estimator)
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """One group waiting in the feed (or consumed, in a batch)."""
+
+    run_id: str
+    shard_id: str
+    group_id: str
+    policy_version: int
+    shard_groups: int
+    committed_at: float  # seconds since the epoch when its shard became visible
+
+
+@dataclass
+class Batch:
+    steps: pl.DataFrame  # BATCH_COLUMNS, groups in feed order
+    groups: list[GroupRef]  # trained on
+    stale: list[GroupRef]  # dropped for staleness while this batch was formed
+
+
+class Ledger:
+    """Which groups were consumed, by which update; see the module docstring."""
+
+    def __init__(self, table: pa.Table | None = None) -> None:
+        self.rows: dict[str, dict] = {}
+        self._per_shard: dict[str, int] = {}
+        self._shard_size: dict[str, int] = {}
+        for row in (table if table is not None else LEDGER_SCHEMA.empty_table()).to_pylist():
+            self._add(row)
+
+    @classmethod
+    def load(cls, store: Store) -> Ledger:
+        path = store.path(LEARNER, LEDGER_FILE)
+        return cls(store.read_table(path)) if store.fs.exists(path) else cls()
+
+    def _add(self, row: dict) -> None:
+        if row[C.GROUP_ID] in self.rows:
+            raise GagpoError(f"group {row[C.GROUP_ID]} consumed twice (ledger invariant)")
+        self.rows[row[C.GROUP_ID]] = row
+        shard = row[C.SHARD_ID]
+        self._per_shard[shard] = self._per_shard.get(shard, 0) + 1
+        self._shard_size[shard] = row[SHARD_GROUPS]
+
+    def record(self, groups: list[GroupRef], status: str, update: int, version: int) -> None:
+        for g in groups:
+            self._add(
+                {
+                    C.RUN_ID: g.run_id,
+                    C.SHARD_ID: g.shard_id,
+                    C.GROUP_ID: g.group_id,
+                    SHARD_GROUPS: g.shard_groups,
+                    C.POLICY_VERSION: g.policy_version,
+                    UPDATE: update,
+                    LEARNER_VERSION: version,
+                    STATUS: status,
+                }
+            )
+
+    def __contains__(self, group_id: str) -> bool:
+        return group_id in self.rows
+
+    def shard_done(self, shard_id: str) -> bool:
+        return self._per_shard.get(shard_id, 0) >= self._shard_size.get(shard_id, 1 << 62)
+
+    def truncated(self, update: int) -> Ledger:
+        """The ledger as it stood after `update` (resume from a checkpoint of that update)."""
+        table = self.table()
+        return Ledger(table.filter(pc.less_equal(table[UPDATE], update)))
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_pylist(list(self.rows.values()), schema=LEDGER_SCHEMA)
+
+    def commit(self, store: Store) -> None:
+        store.write_parquet(self.table(), store.path(LEARNER, LEDGER_FILE), {})
+
+
+@dataclass
+class FeedStats:
+    shards_read: int = 0
+    shards_rejected: int = 0  # quarantined (or, in replay, skipped) with a reason
+    groups_stale: int = 0
+    steps_stale: int = 0
+
+
+class Feed:
+    """Forms batches of `batch_groups` whole groups from the committed shards of `source`."""
+
+    def __init__(
+        self,
+        store: Store,
+        ledger: Ledger,
+        advantage_fn: AdvantageFn,
+        *,
+        batch_groups: int,
+        max_staleness: int | None,
+        source: Store | None = None,
+        follow: bool = True,
+        poll_interval_s: float = 2.0,
+        idle_timeout_s: float | None = None,
+        on_advantages: Callable[[ShardRef, pl.DataFrame], None] | None = None,
+    ) -> None:
+        self.store, self.ledger, self.advantage_fn = store, ledger, advantage_fn
+        self.source = source or store
+        self.replay = source is not None and source is not store
+        self.batch_groups, self.max_staleness = batch_groups, max_staleness
+        self.follow, self.poll_interval_s, self.idle_timeout_s = (
+            follow,
+            poll_interval_s,
+            idle_timeout_s,
+        )
+        self.on_advantages = on_advantages
+        self.stats = FeedStats()
+        self._seen: set[str] = set()  # shard paths listed before
+        self._unread: deque[ShardRef] = deque()
+        self._pending: deque[GroupRef] = deque()
+        self._frames: dict[str, pl.DataFrame] = {}  # shard_id → its unconsumed rows
+        self._left: dict[str, int] = {}  # shard_id → groups of it still pending
+        self._stale: list[GroupRef] = []  # dropped, not yet recorded in the ledger
+
+    # --- ingestion ------------------------------------------------------------------
+    def poll(self) -> None:
+        """List shards; read new ones (oldest first) until B groups are pending."""
+        for ref in self.source.list_shards():
+            if ref.path not in self._seen:
+                self._seen.add(ref.path)
+                if not self.ledger.shard_done(ref.shard_id):
+                    self._unread.append(ref)
+        while self._unread and len(self._pending) < self.batch_groups:
+            self._ingest(self._unread.popleft())
+
+    def _ingest(self, ref: ShardRef) -> None:
+        committed_at = _commit_time(self.source, ref.path)
+        try:
+            table = self.source.read_shard(ref)
+            steps = pl.from_arrow(table)
+            advantages = self.advantage_fn(steps.lazy().select(C.ADVANTAGE_INPUT_COLUMNS)).collect()
+        except (ValidationError, pl.exceptions.PolarsError, pa.ArrowInvalid) as exc:
+            self.stats.shards_rejected += 1
+            if not self.replay:  # a replay source is read only: skip, counted
+                self.store.quarantine(ref.path, str(exc))
+            return
+        except FileNotFoundError:  # quarantined or removed by someone else meanwhile
+            return
+        self.stats.shards_read += 1
+        if self.on_advantages is not None:
+            self.on_advantages(ref, advantages)
+        rows = steps.join(
+            advantages.select(C.TRAJ_ID, C.STEP, C.ADVANTAGE), on=[C.TRAJ_ID, C.STEP], how="left"
+        ).select(BATCH_COLUMNS)
+        groups = rows.group_by(C.GROUP_ID, maintain_order=True).agg(
+            pl.col(C.POLICY_VERSION).first()
+        )
+        n_groups = groups.height
+        fresh = [
+            GroupRef(ref.run_id, ref.shard_id, gid, int(ver), n_groups, committed_at)
+            for gid, ver in groups.iter_rows()
+            if gid not in self.ledger
+        ]
+        if not fresh:
+            return
+        keep = pl.Series([g.group_id for g in fresh])
+        self._frames[ref.shard_id] = rows.filter(pl.col(C.GROUP_ID).is_in(keep.implode()))
+        self._left[ref.shard_id] = len(fresh)
+        self._pending.extend(fresh)
+
+    # --- batches --------------------------------------------------------------------
+    def _drop_stale(self, version: int) -> list[GroupRef]:
+        if self.max_staleness is None:
+            return []
+        stale = [g for g in self._pending if version - g.policy_version > self.max_staleness]
+        if stale:
+            self._pending = deque(
+                g for g in self._pending if version - g.policy_version <= self.max_staleness
+            )
+            self.stats.groups_stale += len(stale)
+            self.stats.steps_stale += self._release(stale).height
+        return stale
+
+    def _release(self, groups: list[GroupRef]) -> pl.DataFrame:
+        """Remove `groups` from the in-memory frames and return their rows, in order."""
+        parts = []
+        for shard_id in dict.fromkeys(g.shard_id for g in groups):
+            ids = [g.group_id for g in groups if g.shard_id == shard_id]
+            frame = self._frames[shard_id]
+            parts.append(frame.filter(pl.col(C.GROUP_ID).is_in(pl.Series(ids).implode())))
+            self._left[shard_id] -= len(ids)
+            if self._left[shard_id] == 0:
+                del self._frames[shard_id], self._left[shard_id]
+            else:
+                self._frames[shard_id] = frame.filter(~pl.col(C.GROUP_ID).is_in(pl.Series(ids).implode()))
+        return pl.concat(parts)
+
+    def next_batch(self, version: int) -> Batch | None:
+        """Block (polling) until B fresh groups are pending; None when the data ran out:
+        in replay once every shard is read, otherwise after `idle_timeout_s` without data."""
+        last_progress = time.monotonic()
+        while True:
+            before = len(self._pending) + len(self._unread)
+            self.poll()
+            self._stale += self._drop_stale(version)
+            if len(self._pending) >= self.batch_groups:
+                break
+            if not self.follow and not self._unread:
+                if self._pending:
+                    break  # replay: a last, smaller batch
+                return None
+            if len(self._pending) + len(self._unread) > before:
+                last_progress = time.monotonic()
+            idle = time.monotonic() - last_progress
+            if self.idle_timeout_s is not None and idle >= self.idle_timeout_s:
+                return None
+            time.sleep(self.poll_interval_s)
+        taken = [self._pending.popleft() for _ in range(min(self.batch_groups, len(self._pending)))]
+        stale, self._stale = self._stale, []
+        return Batch(self._release(taken), taken, stale)
+
+    def commit(self, batch: Batch | None, update: int, version: int) -> None:
+        """Record a trained batch and the groups dropped as stale (also those dropped since
+        the last batch, when `batch` is None at the end of a run) in the ledger."""
+        trained, stale = (batch.groups, batch.stale) if batch else ([], [])
+        stale, self._stale = stale + self._stale, []
+        if trained or stale:
+            self.ledger.record(trained, TRAINED, update, version)
+            self.ledger.record(stale, STALE, update, version)
+            self.ledger.commit(self.store)
+
+
+def _commit_time(store: Store, path: str) -> float:
+    """When a shard became visible: its modification time (a rename keeps the temp file's)."""
+    try:
+        info = store.fs.info(path)
+    except (OSError, ValueError):
+        return time.time()
+    for key in ("mtime", "LastModified", "last_modified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        return value.timestamp() if hasattr(value, "timestamp") else float(value)
+    return time.time()

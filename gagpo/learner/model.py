@@ -1,0 +1,134 @@
+"""The trained model: base policy resolution and loading, action log-probs, LoRA adapters.
+
+Models are loaded from local folders as safetensors only (`use_safetensors=True`,
+`local_files_only=True`): nothing is fetched and nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gagpo.learner.batching import MicroBatch
+from gagpo.schemas.errors import GagpoError
+
+
+def resolve_policy(spec: str) -> Path:
+    """A preset name or a Hugging Face folder → a loadable local folder."""
+    try:
+        from gagpo.models.presets import resolve_model  # shared presets (not gagpo.actors)
+    except ImportError:
+        resolve_model = None
+    if resolve_model is not None:
+        return Path(resolve_model(spec))
+    path = Path(spec).expanduser()
+    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+        raise GagpoError(
+            f"policy {spec!r} is not a Hugging Face model folder with safetensors weights; "
+            "accepted: such a folder (presets need gagpo.models.presets)"
+        )
+    return path
+
+
+def load_model(folder: Path, device: torch.device) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, local_files_only=True, use_safetensors=True
+    )
+    return model.to(device)
+
+
+def has_dropout(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+
+
+def action_logprobs(
+    model: nn.Module, mb: MicroBatch, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(y_k | prompt, y_<k) of every action token [b, L], and the entropy if asked."""
+    L = mb.action_len
+    out = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        position_ids=mb.position_ids,
+        logits_to_keep=L + 1,  # the last L+1 positions predict the action tokens
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1].float() / temperature  # [b, L, V]
+    log_norm = torch.logsumexp(logits, dim=-1)  # [b, L]
+    targets = mb.input_ids[:, -L:]
+    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - log_norm  # [b, L]
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = log_norm - (probs * logits).sum(-1)  # H = logZ − E[logit]
+    return logp, entropy
+
+
+# --- LoRA ------------------------------------------------------------------------------
+
+
+class LoraLinear(nn.Module):
+    """y = W x + (alpha/r) · B A x, with W frozen, A random and B zero at the start."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.base = base
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        base.weight.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_A.T @ self.lora_B.T) * self.scale
+
+    def merged_weight(self) -> torch.Tensor:
+        return self.base.weight + self.scale * (self.lora_B @ self.lora_A)
+
+
+def add_lora(model: nn.Module, rank: int, alpha: float, targets: list[str]) -> list[str]:
+    """Freeze the model and wrap every linear layer whose name ends in a target; return
+    the wrapped names (an error when none matches)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    names = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and name.split(".")[-1] in targets
+    ]
+    if not names:
+        raise GagpoError(
+            f"lora.target_modules {targets} match no linear layer of the model; accepted: "
+            "names such as q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+        )
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, LoraLinear(getattr(parent, child), rank, alpha))
+    return names
+
+
+def lora_modules(model: nn.Module) -> dict[str, LoraLinear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLinear)}
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The plain model's state dict with every adapter merged into its base weight."""
+    state = {}
+    wrapped = lora_modules(model)
+    for name, tensor in model.state_dict().items():
+        owner = next((n for n in wrapped if name.startswith(n + ".")), None)
+        if owner is None:
+            state[name] = tensor
+        elif name == f"{owner}.base.weight":
+            state[f"{owner}.weight"] = wrapped[owner].merged_weight().detach()
+        elif name.startswith(f"{owner}.base."):
+            state[f"{owner}.{name[len(owner) + 6 :]}"] = tensor
+    return state

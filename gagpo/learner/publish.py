@@ -1,0 +1,136 @@
+"""Publication of policy versions and the folder protocol shared with checkpoints.
+
+A folder in the store is written file by file through fsspec, then a `.complete` marker
+is committed last; only then is it pointed at (`policy/LATEST`, `learner/checkpoints/
+LATEST`). A reader that follows a pointer therefore always finds a complete folder, on
+a local disk as on an object store, whatever instant the writer was killed at. A
+folder without its marker is a crashed attempt: it is removed before being rewritten.
+
+    policy/v<N>/  config.json, model.safetensors, generation_config.json, tokenizer files
+                  (copied from the base folder), .complete       — loadable by transformers
+                                                                   and vLLM as is
+    policy/v<N>/  adapter_config.json, adapter_model.safetensors (+ tokenizer) with LoRA
+                  `publish = "adapter"`: a PEFT-format adapter of the base model
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from gagpo.learner.faults import fault_point
+from gagpo.schemas.store import POLICY, Store
+
+COMPLETE = ".complete"
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+# Files of a model folder that describe weights; everything else (tokenizer, chat
+# template, ...) is copied from the base folder into every version.
+_WEIGHT_FILES = re.compile(r"(\.safetensors|\.bin|\.gguf|\.pt|\.pth|\.index\.json)$|^config\.json$")
+
+
+def put_folder(store: Store, local_dir: str | Path, remote_dir: str, *, phase: str) -> None:
+    """Upload every file of `local_dir` to `remote_dir`, then commit `.complete`."""
+    fs = store.fs
+    if fs.exists(remote_dir):  # an earlier attempt that never completed
+        fs.rm(remote_dir, recursive=True)
+    fs.makedirs(remote_dir, exist_ok=True)
+    for name in sorted(os.listdir(local_dir)):
+        fs.put_file(os.path.join(local_dir, name), posixpath.join(remote_dir, name))
+    fault_point(phase)
+    marker = {"completed_at": time.time(), "files": sorted(os.listdir(local_dir))}
+    store.commit_bytes(posixpath.join(remote_dir, COMPLETE), json.dumps(marker).encode())
+
+
+def is_complete(store: Store, remote_dir: str) -> bool:
+    return store.fs.exists(posixpath.join(remote_dir, COMPLETE))
+
+
+def remove_folder(store: Store, remote_dir: str) -> None:
+    """Unmark first, then delete: a folder is never complete-but-partial."""
+    marker = posixpath.join(remote_dir, COMPLETE)
+    if store.fs.exists(marker):
+        store.fs.rm_file(marker)
+    if store.fs.exists(remote_dir):
+        store.fs.rm(remote_dir, recursive=True)
+
+
+def copy_tokenizer_files(base_dir: Path, dest: Path) -> None:
+    for path in sorted(Path(base_dir).iterdir()):
+        if path.is_file() and not path.name.startswith(".") and not _WEIGHT_FILES.search(path.name):
+            shutil.copy2(path, dest / path.name)
+
+
+def published_versions(store: Store) -> list[int]:
+    """Every version folder under policy/, complete or not, ascending."""
+    versions = []
+    for path in store.fs.glob(store.path(POLICY, "v*")):
+        match = _VERSION_DIR.match(posixpath.basename(path.rstrip("/")))
+        if match:
+            versions.append(int(match.group(1)))
+    return sorted(versions)
+
+
+def prune_versions(store: Store, keep: int) -> list[int]:
+    """Delete all but the newest `keep` complete versions (never LATEST's); return them."""
+    latest = store.latest_version()
+    versions = published_versions(store)
+    complete = [v for v in versions if is_complete(store, store.policy_dir(v))]
+    kept = set(complete[-keep:]) | ({latest} if latest is not None else set())
+    newest_kept = max(kept, default=-1)
+    # Incomplete folders newer than every kept version may be a publication in flight.
+    doomed = [v for v in versions if v not in kept and v < newest_kept]
+    for v in doomed:
+        remove_folder(store, store.policy_dir(v))
+    return doomed
+
+
+def publish_version(store: Store, model, base_dir: Path, version: int, keep: int, lora=None) -> str:
+    """Write policy `version` (HF format), then point LATEST at it, then prune to `keep`."""
+    from gagpo.learner.model import lora_modules, merged_state_dict
+
+    remote = store.policy_dir(version)
+    with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
+        folder = Path(tmp)
+        copy_tokenizer_files(base_dir, folder)
+        if lora is not None and lora.publish == "adapter":
+            write_adapter(model, folder, base_dir, lora)
+        elif lora_modules(model):
+            model.save_pretrained(folder, state_dict=merged_state_dict(model))
+        else:
+            model.save_pretrained(folder)
+        put_folder(store, folder, remote, phase="publish")
+    store.set_latest(version)
+    prune_versions(store, keep)
+    return remote
+
+
+def write_adapter(model, folder: Path, base_dir: Path, lora) -> None:
+    """A PEFT-format LoRA adapter (adapter_config.json + adapter_model.safetensors)."""
+    from safetensors.torch import save_file
+
+    from gagpo.learner.model import lora_modules
+
+    tensors = {}
+    for name, module in lora_modules(model).items():
+        tensors[f"base_model.model.{name}.lora_A.weight"] = module.lora_A.detach().contiguous()
+        tensors[f"base_model.model.{name}.lora_B.weight"] = module.lora_B.detach().contiguous()
+    save_file(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(base_dir),
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": 0.0,
+        "target_modules": sorted(lora.target_modules),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))

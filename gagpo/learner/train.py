@@ -1,0 +1,307 @@
+"""The learner: one update (DESIGN.md §4, "Learner objective") and the main loop.
+
+An update takes a batch of B whole groups and makes `mini_batches` optimiser steps over
+slices of it. π_prox is the policy at the start of the update, computed without grad:
+for the first slice it equals π_θ before any step, so the first slice takes it from its
+own forward pass (detached) and only later slices need a separate no-grad pass; with
+dropout active, every slice gets the separate pass. Micro-batches accumulate gradients;
+each carries its share of the loss denominator so the sum is the loss of the slice.
+
+Per update, in this order: ledger → metrics → checkpoint (every M) → publication. A
+checkpoint therefore never names an unpublished version for long: on resume, a version
+checkpointed but not yet published is published first; see `start_state`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from gagpo.learner import faults
+from gagpo.learner.batching import MicroBatch, plan
+from gagpo.learner.checkpoint import has_learner_state, load_latest_checkpoint, save_checkpoint
+from gagpo.learner.config import LearnerConfig
+from gagpo.learner.dist import (
+    Dist,
+    all_reduce,
+    all_reduce_grads,
+    broadcast_table,
+    close_dist,
+    init_dist,
+)
+from gagpo.learner.feed import BATCH_COLUMNS, Batch, Feed, Ledger, pipeline_advantages
+from gagpo.learner.loss import gagpo_loss
+from gagpo.learner.metrics import Histogram, MetricsLog, staleness_counts
+from gagpo.learner.model import action_logprobs, add_lora, has_dropout, load_model, resolve_policy
+from gagpo.learner.publish import publish_version
+from gagpo.schemas import columns as C
+from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.store import LEARNER, Store
+
+# Sums over micro-batches (then ranks): loss terms weighted by each micro-batch's share.
+_WEIGHTED = ("loss", "pg_loss", "kl_ref", "entropy")
+_PER_ACTION = ("approx_kl", "clip_frac", "behavior_weight_mean")
+_COUNTS = ("ratio_bounded", "masked_actions", "actions", "action_tokens", "tokens")
+HISTOGRAMS = {"ratio": Histogram(0.0, 2.0), "behavior_weight": Histogram(0.0, 4.0),
+              "advantage": Histogram(-4.0, 4.0)}  # fmt: skip
+
+
+def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig):
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+    warmup = cfg.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+    return optimizer, scheduler
+
+
+def _slices(table: pa.Table, n: int) -> list[pa.Table]:
+    """`n` slices of whole groups, in batch order."""
+    groups = table[C.GROUP_ID].unique()
+    parts = np.array_split(np.arange(len(groups)), n)
+    return [table.filter(pc.is_in(table[C.GROUP_ID], groups.take(p))) for p in parts]
+
+
+def run_update(model, optimizer, scheduler, table: pa.Table, *, version: int, cfg: LearnerConfig,
+               d: Dist, pad_id: int, ref_model=None) -> tuple[dict, dict]:
+    """One update over `table` (BATCH_COLUMNS); returns metric sums and histogram counts."""
+    loss_cfg = cfg.loss.to_loss_config()
+    max_pos = getattr(model.config, "max_position_embeddings", 1 << 20)
+    token_mean = loss_cfg.aggregation == "token_mean"
+    plans = [
+        [mb.to(d.device) for mb in plan(part, version=version, pad_id=pad_id, max_positions=max_pos,
+                                        budget=cfg.micro_batch_tokens, token_mean=token_mean)[d.rank :: d.world]]
+        for part in _slices(table, cfg.mini_batches)
+    ]  # fmt: skip
+    prox: dict[tuple[int, int], torch.Tensor] = {}
+    if not loss_cfg.bypass:
+        separate_first = has_dropout(model)
+        model.eval()
+        with torch.no_grad():
+            for k, mbs in enumerate(plans):
+                for j, mb in enumerate(mbs):
+                    if k > 0 or separate_first:
+                        prox[k, j] = action_logprobs(model, mb, cfg.temperature)[0]
+        model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    sums = dict.fromkeys(_WEIGHTED + _PER_ACTION + _COUNTS, 0.0) | {"valid": 0.0}
+    w_max, hist = torch.zeros(1), {k: torch.zeros(h.bins, dtype=torch.long) for k, h in HISTOGRAMS.items()}
+    grad_norms = []
+    for k, mbs in enumerate(plans):
+        for j, mb in enumerate(mbs):
+            logp, entropy = action_logprobs(model, mb, cfg.temperature, loss_cfg.entropy_coef > 0)
+            logp_prox = prox.get((k, j), logp.detach())
+            logp_ref = None
+            if ref_model is not None:
+                with torch.no_grad():
+                    logp_ref = action_logprobs(ref_model, mb, cfg.temperature)[0]
+            loss, m = gagpo_loss(logp, logp_prox, mb.logp_behav, mb.action_mask, mb.advantages,
+                                 loss_cfg, logp_ref=logp_ref, entropy=entropy)  # fmt: skip
+            (loss * mb.weight).backward()
+            _accumulate(sums, hist, m, mb, logp.detach(), logp_prox, loss_cfg)
+            w_max = torch.maximum(w_max, torch.tensor([m["behavior_weight_max"]]))
+        faults.fault_point("backward")  # test hook: a kill here is a kill mid-update
+        all_reduce_grads(params, d)
+        clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        if torch.isfinite(norm):  # a non-finite gradient never reaches AdamW: the step is skipped
+            optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        grad_norms.append(float(norm))
+    keys = sorted(sums)
+    total = all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64), d)
+    sums = dict(zip(keys, total.tolist(), strict=True))
+    hist = {k: all_reduce(v, d) for k, v in hist.items()}
+    out = {k: sums[k] / len(plans) for k in _WEIGHTED}
+    out |= {k: sums[k] / max(sums["valid"], 1.0) for k in _PER_ACTION}
+    out |= {k: int(sums[k]) for k in _COUNTS}
+    out["behavior_weight_max"] = float(all_reduce(w_max, d, op="max"))
+    out["grad_norm"] = float(np.mean(grad_norms))
+    out["skipped_steps"] = sum(not np.isfinite(g) for g in grad_norms)
+    return out, {k: v.numpy() for k, v in hist.items()}
+
+
+def _accumulate(sums, hist, m: dict, mb: MicroBatch, logp, logp_prox, loss_cfg) -> None:
+    valid = m["actions"] - m["masked_actions"]
+    for key in _WEIGHTED:
+        sums[key] += m[key] * mb.weight
+    for key in _PER_ACTION:
+        sums[key] += m[key] * valid
+    sums["valid"] += valid
+    for key, value in (("ratio_bounded", m["ratio_bounded"]), ("masked_actions", m["masked_actions"]),
+                       ("actions", m["actions"]), ("action_tokens", m["tokens"]), ("tokens", mb.tokens)):
+        sums[key] += value
+    mask = mb.action_mask.float()
+    n = mask.sum(1).clamp(min=1)
+    ok = mb.action_mask.any(1)
+    behav = mb.logp_behav if not loss_cfg.bypass else logp_prox
+    log_w = (((logp_prox - behav) * mask).sum(1) / n).clamp(max=float(np.log(loss_cfg.behavior_cap)))
+    log_rho = (((logp - logp_prox) * mask).sum(1) / n).clamp(-20, 20)
+    hist["ratio"] += HISTOGRAMS["ratio"].counts(torch.exp(log_rho[ok])).cpu()
+    hist["behavior_weight"] += HISTOGRAMS["behavior_weight"].counts(torch.exp(log_w[ok])).cpu()
+    hist["advantage"] += HISTOGRAMS["advantage"].counts(mb.advantages[ok]).cpu()
+
+
+# --- the loop ----------------------------------------------------------------------------
+
+
+@dataclass
+class LearnerSummary:
+    updates: int = 0  # total, across restarts
+    version: int = 0  # the newest published version
+    groups: int = 0  # trained in this run
+    stale_groups: int = 0
+    rejected_shards: int = 0
+    tokens: int = 0
+
+
+def start_state(store: Store, cfg: LearnerConfig, model, optimizer, scheduler, d: Dist, publish):
+    """(update, version, ledger) to start from: fresh, or restored from the last checkpoint."""
+    latest = store.latest_version() or 0
+    if not cfg.resume:
+        if has_learner_state(store):
+            raise GagpoError(
+                f"store {store.url!r} already holds learner state (learner/); pass --resume to "
+                "continue that run, or use another store"
+            )
+        return 0, latest, Ledger()
+    with tempfile.TemporaryDirectory(prefix="gagpo-resume-") as cache:
+        ckpt = load_latest_checkpoint(store, cache)
+        if ckpt is None:
+            return 0, latest, Ledger()
+        ckpt.restore(model, optimizer, scheduler)
+    if d.main:
+        # Updates after the checkpoint are redone: their ledger rows and metrics go.
+        ckpt.ledger.commit(store)
+        for path in store.fs.glob(store.path(LEARNER, "metrics", "*.parquet")):
+            if int(path.rsplit("/", 1)[-1].split(".")[0]) > ckpt.update:
+                store.fs.rm_file(path)
+        if latest < ckpt.version:  # killed between checkpoint and publication
+            publish(ckpt.version)
+    return ckpt.update, max(ckpt.version, latest), ckpt.ledger
+
+
+def make_feed(store: Store, ledger: Ledger, cfg: LearnerConfig) -> Feed:
+    from gagpo.pipeline.recompute import advantages_metadata
+
+    estimator = cfg.estimator
+    metadata = advantages_metadata(estimator)  # as `gagpo advantages` writes them
+
+    def keep_advantages(ref, advantages) -> None:
+        table = advantages.to_arrow().cast(C.ADVANTAGES_SCHEMA)
+        store.write_parquet(table, store.advantages_path(estimator.tag, ref.shard_id), metadata)
+
+    return Feed(
+        store, ledger, pipeline_advantages(estimator),
+        batch_groups=cfg.batch_groups,
+        max_staleness=None if cfg.replay else cfg.max_staleness,
+        source=Store(cfg.replay) if cfg.replay else None,
+        follow=cfg.replay is None,
+        poll_interval_s=cfg.poll_interval_s,
+        idle_timeout_s=cfg.idle_timeout_s,
+        on_advantages=keep_advantages if cfg.write_advantages else None,
+    )  # fmt: skip
+
+
+def metrics_row(update, version, batch: Batch, stats: dict, feed: Feed, t_wait, t0, t1) -> dict:
+    staleness = np.array([version - 1 - g.policy_version for g in batch.groups])
+    return stats | {
+        "update": update, "version": version, "time": t1,
+        "groups": len(batch.groups), "steps": batch.steps.height,
+        "stale_groups": len(batch.stale), "stale_groups_total": feed.stats.groups_stale,
+        "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+        "tokens_per_s": stats["tokens"] / max(t1 - t0, 1e-9), "update_s": t1 - t0, "wait_s": t0 - t_wait,
+        "commit_to_use_s": float(np.mean([t0 - g.committed_at for g in batch.groups])),
+    }  # fmt: skip
+
+
+def histograms(counts: dict, batch: Batch, version: int, max_staleness: int) -> dict:
+    """Histogram rows with their bin edges; staleness has one bin per version behind, then
+    one counting the groups dropped as stale."""
+    out = {k: (v, HISTOGRAMS[k].edges) for k, v in counts.items()}
+    out["staleness"] = (staleness_counts(batch, version, max_staleness), list(range(max_staleness + 2)))
+    return out
+
+
+@dataclass
+class Parts:
+    """What the loop works with, built once from the config."""
+
+    cfg: LearnerConfig
+    store: Store
+    base_dir: object
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ref_model: torch.nn.Module | None
+
+    @classmethod
+    def build(cls, cfg: LearnerConfig, d: Dist) -> Parts:
+        torch.manual_seed(cfg.seed)
+        store = Store(cfg.store)
+        if d.main:
+            store.ensure_writable()
+        base_dir = resolve_policy(cfg.policy)
+        model = load_model(base_dir, d.device)
+        if cfg.lora.enabled:
+            add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.target_modules)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.train()
+        ref = load_model(base_dir, d.device).eval().requires_grad_(False) if cfg.loss.kl_coef else None
+        return cls(cfg, store, base_dir, model, *make_optimizer(model, cfg), ref)
+
+    def publish(self, version: int) -> None:
+        lora = self.cfg.lora if self.cfg.lora.enabled else None
+        publish_version(self.store, self.model, self.base_dir, version, self.cfg.keep_versions, lora)
+
+    def checkpoint(self, update: int, version: int, ledger: Ledger) -> None:
+        save_checkpoint(self.store, update=update, version=version, model=self.model,
+                        optimizer=self.optimizer, scheduler=self.scheduler, ledger=ledger,
+                        keep=self.cfg.keep_checkpoints)  # fmt: skip
+
+
+def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
+    """Run the learner until `cfg.updates` updates are done (or the data runs out)."""
+    d = init_dist(cfg.device)
+    p = Parts.build(cfg, d)
+    update, version, ledger = start_state(p.store, cfg, p.model, p.optimizer, p.scheduler, d, p.publish)
+    feed = make_feed(p.store, ledger, cfg) if d.main else None
+    log = MetricsLog(p.store, echo=echo) if d.main else None
+    pad_id = getattr(p.model.config, "pad_token_id", None) or 0
+    summary, checkpointed = LearnerSummary(), update
+    while update < cfg.updates:
+        t_wait = time.time()
+        batch = feed.next_batch(version) if d.main else None  # rank 0 reads, all train
+        table = broadcast_table(batch.steps.select(BATCH_COLUMNS).to_arrow() if batch else None, d)
+        if table is None:
+            break
+        t0 = time.time()
+        faults.set_update(update + 1)
+        stats, hists = run_update(p.model, p.optimizer, p.scheduler, table, version=version, cfg=cfg,
+                                  d=d, pad_id=pad_id, ref_model=p.ref_model)  # fmt: skip
+        stats["lr"] = p.scheduler.get_last_lr()[0]
+        update, version = update + 1, version + 1
+        if d.main:  # ledger → metrics → checkpoint → publication (see the module docstring)
+            feed.commit(batch, update, version - 1)
+            log.write(metrics_row(update, version, batch, stats, feed, t_wait, t0, time.time()),
+                      histograms(hists, batch, version - 1, cfg.max_staleness))  # fmt: skip
+            if update % cfg.checkpoint_every == 0 or update == cfg.updates:
+                p.checkpoint(update, version, feed.ledger)
+                checkpointed = update
+            p.publish(version)
+            summary.groups += len(batch.groups)
+        summary.tokens += stats["tokens"]
+    if d.main:
+        if checkpointed != update:
+            p.checkpoint(update, version, feed.ledger)
+        summary.stale_groups, summary.rejected_shards = feed.stats.groups_stale, feed.stats.shards_rejected
+    summary.updates, summary.version = update, version
+    close_dist(d)
+    return summary

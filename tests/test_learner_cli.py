@@ -1,0 +1,139 @@
+"""`gagpo-learner` CLI and configuration: help, one-line errors, options that reach training."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from gagpo.learner.cli import learner_command
+from gagpo.learner.config import LearnerConfig
+from gagpo.learner.metrics import read_metrics
+from gagpo.learner.train import train
+from gagpo.schemas.config import load_config
+from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.store import Store
+from tests.test_learner_support import (
+    ROOT,
+    one_torch_thread,  # noqa: F401  (autouse fixture)
+    parameters,
+    tiny_model_dir,
+    write_shards,
+)
+
+
+def test_help_explains_every_option_without_importing_torch():
+    code = (
+        "import sys; from gagpo.learner.cli import learner_command; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    result = CliRunner().invoke(learner_command, ["--help"])
+    assert result.exit_code == 0
+    for option in learner_command.params:
+        if option.name != "help":
+            assert option.help, option.name
+    for flag in ("--store", "--policy", "--config", "--updates", "--batch-groups", "--max-staleness",
+                 "--resume", "--replay", "--estimator"):  # fmt: skip
+        assert flag in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch-groups", "0"], "config field 'batch_groups'"),
+        (["--mini-batches", "9"], "config field 'mini_batches'"),
+        (["--estimator", "ppo"], "config field 'estimator'"),
+        (["--device", "tpu"], "config field 'device'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gagpo.learner.cli", "--store", str(tmp_path), *args],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_toml_config_with_estimator_table(tmp_path: Path):
+    path = tmp_path / "learner.toml"
+    path.write_text(
+        '[learner]\nstore = "x"\nbatch_groups = 4\n[learner.estimator]\nlam = 0.5\n'
+        '[learner.loss]\nbypass = true\n'
+    )
+    config = load_config(LearnerConfig, path, section="learner", overrides={"updates": 3})
+    assert config.estimator.estimator == "gagpo" and config.estimator.lam == 0.5
+    assert config.loss.bypass and config.updates == 3 and config.batch_groups == 4
+    assert config.loss.to_loss_config().bypass
+
+
+def test_a_policy_that_is_not_a_model_folder_is_one_line(tmp_path: Path):
+    with pytest.raises(GagpoError, match="Hugging Face model folder"):
+        train(LearnerConfig(store=str(tmp_path / "s"), policy=str(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"mini_batches": 2, "loss": {"kl_coef": 0.1, "entropy_coef": 0.01, "ratio_level": "token"}},
+        {"loss": {"bypass": True, "aggregation": "token_mean"}, "estimator": {"estimator": "grpo"}},
+        {"lora": {"enabled": True, "rank": 2}, "loss": {"ratio_level": "sequence"}},
+    ],
+    ids=["minibatches-kl-entropy-token", "bypass-tokenmean-grpo", "lora-sequence"],
+)
+def test_objective_variants_train(tmp_path: Path, options):
+    store = Store(str(tmp_path / "store"))
+    write_shards(store, 2)
+    cfg = LearnerConfig(store=store.url, policy=str(tiny_model_dir()), updates=2, batch_groups=2,
+                        lr=1e-2, idle_timeout_s=0.5, poll_interval_s=0.05, max_staleness=10,
+                        **options)  # fmt: skip
+    assert train(cfg).updates == 2
+    metrics = read_metrics(store)
+    assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["masked_actions"] == 0).all()
+    if cfg.mini_batches > 1:  # the second step sees π_θ ≠ π_prox
+        assert (metrics["approx_kl"] > 0).all()
+    before, after = parameters(tiny_model_dir()), parameters(store.policy_dir(2))
+    assert before.keys() == after.keys()
+    assert any(not np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_replay_trains_offline_from_another_store(tmp_path: Path):
+    source = Store(str(tmp_path / "source"))
+    write_shards(source, 3, version=7)  # any age: no staleness drop in replay
+    result = CliRunner().invoke(learner_command, [
+        "--store", str(tmp_path / "out"), "--policy", str(tiny_model_dir()), "--replay", source.url,
+        "--updates", "10", "--batch-groups", "4", "--estimator", "gigpo", "--quiet",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "2 update(s) done" in result.output and "6 group(s) trained" in result.output
+    out = Store(str(tmp_path / "out"))
+    assert out.latest_version() == 2 and not out.list_shards()
+    assert out.fs.glob(out.path("advantages", "gigpo-*", "*.parquet"))
+
+
+def test_non_finite_and_huge_inputs_are_masked_or_bounded(tmp_path: Path):
+    import pyarrow as pa
+
+    from gagpo.schemas import columns as C
+    from tests.test_learner_support import GROUP_SIZE, shard_table
+
+    store = Store(str(tmp_path / "store"))
+    table = shard_table("bad", groups=2)
+    behav = table[C.BEHAVIOR_LOGPROBS].to_pylist()
+    behav[0] = [float("nan")] * len(behav[0])  # masked and counted
+    behav[1] = [-1e30] * len(behav[1])  # log w huge: truncated at C, no inf
+    i = table.schema.get_field_index(C.BEHAVIOR_LOGPROBS)
+    table = table.set_column(i, table.schema.field(i), pa.array(behav, pa.list_(pa.float32())))
+    store.write_shard(table, group_size=GROUP_SIZE)
+    cfg = LearnerConfig(store=store.url, policy=str(tiny_model_dir()), updates=1, batch_groups=2,
+                        idle_timeout_s=0.5, poll_interval_s=0.05)  # fmt: skip
+    assert train(cfg).updates == 1
+    row = read_metrics(store).row(0, named=True)
+    assert row["masked_actions"] == 1 and row["behavior_weight_max"] == pytest.approx(2.0)
+    assert np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"]) and row["skipped_steps"] == 0
+    assert all(np.isfinite(v).all() for v in parameters(store.policy_dir(1)).values())

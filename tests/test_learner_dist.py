@@ -1,0 +1,108 @@
+"""Across processes: torchrun (2 CPU processes, gloo) against one process, and actors and
+learner running asynchronously on one store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+
+from gagpo.learner.feed import STALE, TRAINED, Ledger
+from gagpo.learner.metrics import read_metrics
+from gagpo.schemas import columns as C
+from gagpo.schemas.store import Store
+from tests.test_learner_support import (
+    ROOT,
+    learner_cmd,
+    parameters,
+    run_learner,
+    tiny_model_dir,
+    write_shards,
+)
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def learner_args(store, *extra: str) -> list[str]:
+    return ["--store", str(store), "--policy", str(tiny_model_dir()), "--updates", "3",
+            "--batch-groups", "3", "--lr", "3e-3", "--micro-batch-tokens", "64",
+            "--max-staleness", "100", "--idle-timeout", "1", "--poll-interval", "0.05", "--quiet",
+            *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_match_one(tmp_path):
+    """Same data, same micro-batches: the summed gradients differ only in float summation
+    order, so parameters agree to 1e-5 absolute after three AdamW steps."""
+    stores = {}
+    for name in ("one", "two"):
+        stores[name] = Store(str(tmp_path / name))
+        write_shards(stores[name], 3, groups=3)
+    single = run_learner(*learner_args(tmp_path / "one", "--mini-batches", "1"))
+    assert single.returncode == 0, single.stderr
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "-m", "gagpo.learner.cli", *learner_args(tmp_path / "two", "--mini-batches", "1")]  # fmt: skip
+    double = subprocess.run(torchrun, capture_output=True, text=True, timeout=300, cwd=ROOT, env=ENV)
+    assert double.returncode == 0, double.stderr[-3000:]
+    a, b = parameters(stores["one"].policy_dir(3)), parameters(stores["two"].policy_dir(3))
+    base = parameters(tiny_model_dir())
+    assert any(not np.array_equal(a[k], base[k]) for k in a)
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=1e-5, rtol=0, err_msg=name)
+    m1, m2 = read_metrics(stores["one"]), read_metrics(stores["two"])
+    np.testing.assert_allclose(m1["loss"].to_numpy(), m2["loss"].to_numpy(), atol=1e-5)
+    assert m1["actions"].to_list() == m2["actions"].to_list()
+
+
+@pytest.mark.slow
+def test_actors_and_learner_run_asynchronously(tmp_path):
+    """Actors (follow mode) and the learner as separate processes on one store: the actors
+    pick up published versions, shards carry increasing policy_version, and what the
+    learner trains on stays within the staleness bound (older data is dropped, counted)."""
+    from gagpo.actors.policies.presets import resolve_model  # the test may use actors
+
+    store_dir, staleness = tmp_path / "store", 1
+    actors = subprocess.Popen(
+        [sys.executable, "-m", "gagpo.actors.cli", "--store", str(store_dir), "--env", "household",
+         "--policy", "tiny", "--follow", "--group-size", "4", "--max-turns", "3", "--quiet"],
+        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        learner = subprocess.run(
+            learner_cmd("--store", str(store_dir), "--policy", str(resolve_model("tiny")),
+                        "--updates", "4", "--batch-groups", "2", "--max-staleness", str(staleness),
+                        "--lr", "1e-3", "--poll-interval", "0.1", "--idle-timeout", "120", "--quiet"),
+            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        assert learner.returncode == 0, learner.stderr[-3000:]
+        # Let the actors load the last version and write with it.
+        store = Store(str(store_dir))
+        for _ in range(600):
+            versions = pl.concat(
+                [pl.from_arrow(store.read_table(r.path, [C.POLICY_VERSION])) for r in store.list_shards()]
+            )[C.POLICY_VERSION]
+            if versions.max() == 4:
+                break
+            subprocess.run(["sleep", "0.2"])
+    finally:
+        actors.send_signal(signal.SIGTERM)
+        try:
+            actors.wait(timeout=60)
+        finally:
+            actors.stderr.close()
+    assert store.latest_version() == 4
+    shards = store.list_shards()  # ids are time-sortable: commit order
+    per_shard = [store.read_table(r.path, [C.POLICY_VERSION])[C.POLICY_VERSION][0].as_py() for r in shards]
+    assert per_shard == sorted(per_shard) and per_shard[-1] == 4 and per_shard[0] == 0
+    ledger = pl.from_arrow(Ledger.load(store).table())
+    lag = ledger["learner_version"] - ledger[C.POLICY_VERSION]
+    assert (lag.filter(ledger["status"] == TRAINED) <= staleness).all()
+    assert (lag.filter(ledger["status"] == STALE) > staleness).all()
+    metrics = read_metrics(store)
+    assert metrics["stale_groups"].sum() == (ledger["status"] == STALE).sum()
+    assert (metrics["staleness_max"] <= staleness).all()

@@ -1,0 +1,139 @@
+"""The learner end to end on a temporary store with a tiny model: updates, publication,
+metrics, checkpoints, exact resume, and a SIGKILL mid-update followed by --resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import zarr
+
+from gagpo.learner.config import LearnerConfig
+from gagpo.learner.feed import TRAINED, Ledger
+from gagpo.learner.metrics import METRIC_COLUMNS, read_metrics
+from gagpo.learner.publish import COMPLETE, published_versions
+from gagpo.learner.train import train
+from gagpo.schemas import columns as C
+from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.store import Store
+from tests.test_learner_support import (
+    ROOT,
+    learner_cmd,
+    one_torch_thread,  # noqa: F401  (autouse fixture)
+    parameters,
+    tiny_model_dir,
+    write_shards,
+)
+
+SHARDS, GROUPS_PER_SHARD, B = 5, 2, 2  # 10 groups: 5 updates of 2 groups
+
+
+def config(store: Path, **kw) -> LearnerConfig:
+    base = dict(store=str(store), policy=str(tiny_model_dir()), updates=5, batch_groups=B, lr=3e-3,
+                micro_batch_tokens=96, keep_versions=100, checkpoint_every=1, poll_interval_s=0.05,
+                idle_timeout_s=1.0, max_staleness=100)  # fmt: skip
+    return LearnerConfig(**(base | kw))
+
+
+def fresh_store(tmp_path: Path, name: str) -> Store:
+    store = Store(str(tmp_path / name))
+    write_shards(store, SHARDS, groups=GROUPS_PER_SHARD)
+    return store
+
+
+def assert_same_parameters(a, b, atol=1e-6):
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=atol, rtol=0, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """An uninterrupted run: the reference for every resumed one."""
+    root = tmp_path_factory.mktemp("straight")
+    store = fresh_store(root, "store")
+    summary = train(config(root / "store", keep_versions=2, checkpoint_every=2))
+    return store, summary
+
+
+def test_updates_publish_versions_and_record_everything(straight):
+    store, summary = straight
+    assert summary.updates == 5 and summary.version == 5 and summary.groups == 10
+    assert store.latest_version() == 5 and published_versions(store) == [4, 5]
+    v5 = store.policy_dir(5)
+    assert store.fs.exists(f"{v5}/{COMPLETE}") and store.fs.exists(f"{v5}/tokenizer.json")
+    before, after = parameters(tiny_model_dir()), parameters(v5)
+    assert any(not np.array_equal(before[k], after[k]) for k in before)  # it learned something
+    metrics = read_metrics(store)
+    assert metrics.columns == list(METRIC_COLUMNS) and metrics["update"].to_list() == [1, 2, 3, 4, 5]
+    assert metrics["groups"].sum() == 10 and (metrics["masked_actions"] == 0).all()
+    assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["grad_norm"] > 0).all()
+    hist = zarr.open_group(store.path("learner", "histograms.zarr"), mode="r")
+    # Data of version 0 trained by the learner at version u − 1: staleness u − 1.
+    assert hist["staleness"].shape == (5, 102)
+    assert [int(hist["staleness"][u, u]) for u in range(5)] == [B] * 5
+    assert hist["advantage"][:].sum() == metrics["actions"].sum()
+    ledger = Ledger.load(store).table()
+    assert ledger.num_rows == 10 and set(ledger["status"].to_pylist()) == {TRAINED}
+    assert len(store.fs.glob(store.path("advantages", "*", "*.parquet"))) == SHARDS
+    # A second run on the same store without --resume refuses, with one line.
+    with pytest.raises(GagpoError, match="--resume"):
+        train(config(Path(store.root)))
+
+
+def test_resume_continues_exactly(straight, tmp_path: Path):
+    store = fresh_store(tmp_path, "store")
+    train(config(tmp_path / "store", updates=2))
+    summary = train(config(tmp_path / "store", resume=True))
+    assert summary.updates == 5 and summary.groups == 6
+    assert_same_parameters(parameters(store.policy_dir(5)), parameters(straight[0].policy_dir(5)))
+
+
+def _kill_during(store_root: Path, phase: str, update: int, every: int, tmp_path: Path) -> None:
+    hold = tmp_path / "held"
+    args = ["--store", str(store_root), "--policy", str(tiny_model_dir()), "--updates", "5",
+            "--batch-groups", str(B), "--lr", "3e-3", "--micro-batch-tokens", "96",
+            "--keep-versions", "100", "--checkpoint-every", str(every), "--poll-interval", "0.05",
+            "--idle-timeout", "1", "--max-staleness", "100", "--quiet"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GAGPO_LEARNER_HOLD": f"{phase}:{update}:{hold}"}
+    proc = subprocess.Popen(learner_cmd(*args), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not hold.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the learner never reached the hold point"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+        proc.stderr.close()
+    return args
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("phase", "update", "every"), [("backward", 4, 2), ("publish", 3, 1)])
+def test_sigkill_then_resume(straight, tmp_path: Path, phase, update, every):
+    store = fresh_store(tmp_path, "store")
+    args = _kill_during(tmp_path / "store", phase, update, every, tmp_path)
+    latest = store.latest_version()
+    # LATEST never names an incomplete version.
+    assert latest == update - 1 and store.fs.exists(f"{store.policy_dir(latest)}/{COMPLETE}")
+    resumed = subprocess.run(learner_cmd(*args, "--resume"), cwd=ROOT, capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    versions = published_versions(store)
+    assert versions == list(range(1, versions[-1] + 1)) and store.latest_version() == versions[-1]
+    assert all(store.fs.exists(f"{store.policy_dir(v)}/{COMPLETE}") for v in versions)
+    # Every group trained exactly once in the final lineage, and the same model as a run
+    # that was never interrupted.
+    ledger = pl.from_arrow(Ledger.load(store).table())
+    assert ledger.height == 10 and ledger[C.GROUP_ID].n_unique() == 10
+    assert ledger["update"].to_list() == sorted(ledger["update"].to_list())
+    assert read_metrics(store)["groups"].sum() == 10
+    assert_same_parameters(parameters(store.policy_dir(versions[-1])), parameters(straight[0].policy_dir(5)))

@@ -1,0 +1,85 @@
+"""Publication: LATEST names only complete versions; the last K are kept; HF-loadable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gagpo.learner import publish as P
+from gagpo.learner.model import add_lora, load_model
+from gagpo.schemas.store import Store
+from tests.test_learner_support import (
+    one_torch_thread,  # noqa: F401  (autouse fixture)
+    parameters,
+    tiny_model_dir,
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(tiny_model_dir(), torch.device("cpu"))
+
+
+def test_published_version_loads_with_transformers(store_dir: Path, model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    store = Store(str(store_dir))
+    folder = P.publish_version(store, model, tiny_model_dir(), 1, keep=3)
+    assert store.latest_version() == 1 and P.is_complete(store, folder)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, use_safetensors=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert tokenizer.convert_tokens_to_ids("w5") == 9
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor)
+
+
+def test_latest_moves_only_after_the_marker(store_dir: Path, model, monkeypatch):
+    store = Store(str(store_dir))
+    P.publish_version(store, model, tiny_model_dir(), 1, keep=3)
+
+    def crash(phase):
+        if phase == "publish":
+            # Every file of v2 is in place, but not its marker: LATEST must still say 1.
+            assert store.latest_version() == 1
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(P, "fault_point", crash)
+    with pytest.raises(RuntimeError):
+        P.publish_version(store, model, tiny_model_dir(), 2, keep=3)
+    assert store.latest_version() == 1
+    assert store.fs.exists(store.policy_dir(2)) and not P.is_complete(store, store.policy_dir(2))
+    monkeypatch.setattr(P, "fault_point", lambda phase: None)
+    P.publish_version(store, model, tiny_model_dir(), 2, keep=3)  # the torn attempt is replaced
+    assert store.latest_version() == 2 and P.is_complete(store, store.policy_dir(2))
+
+
+def test_only_the_last_k_versions_are_kept(store_dir: Path, model):
+    store = Store(str(store_dir))
+    for v in range(1, 6):
+        P.publish_version(store, model, tiny_model_dir(), v, keep=2)
+    assert P.published_versions(store) == [4, 5] and store.latest_version() == 5
+    # An unmarked folder newer than LATEST may be a publication in flight: left alone.
+    store.fs.makedirs(store.policy_dir(6))
+    assert P.prune_versions(store, keep=1) == [4]
+    assert P.published_versions(store) == [5, 6]
+
+
+def test_lora_publishes_merged_weights_or_an_adapter(store_dir: Path):
+    from gagpo.learner.config import LoraSettings
+
+    store = Store(str(store_dir))
+    model = load_model(tiny_model_dir(), torch.device("cpu"))
+    add_lora(model, rank=2, alpha=4.0, targets=["q_proj", "v_proj"])
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p)
+    merged = parameters(P.publish_version(store, model, tiny_model_dir(), 1, keep=3))
+    base = parameters(tiny_model_dir())
+    assert set(merged) == set(base)
+    assert not (merged["model.layers.0.self_attn.q_proj.weight"] == base["model.layers.0.self_attn.q_proj.weight"]).all()
+    assert (merged["model.layers.0.self_attn.k_proj.weight"] == base["model.layers.0.self_attn.k_proj.weight"]).all()
+    folder = Path(P.publish_version(store, model, tiny_model_dir(), 2, keep=3, lora=LoraSettings(enabled=True, rank=2, alpha=4.0, publish="adapter")))
+    assert (folder / "adapter_config.json").is_file()
+    assert "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight" in parameters(folder)

@@ -1,0 +1,34 @@
+"""The learner on an object store (moto S3 on loopback): everything goes through fsspec."""
+
+from __future__ import annotations
+
+from gagpo.learner.config import LearnerConfig
+from gagpo.learner.feed import Ledger
+from gagpo.learner.metrics import read_metrics
+from gagpo.learner.publish import COMPLETE
+from gagpo.learner.train import train
+from gagpo.schemas.store import Store
+from tests.test_learner_support import (
+    one_torch_thread,  # noqa: F401  (autouse fixture)
+    tiny_model_dir,
+    write_shards,
+)
+from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
+
+
+def test_learner_on_s3_publishes_checkpoints_and_resumes(s3_endpoint, tmp_path):  # noqa: F811
+    url = f"s3://gagpo/{tmp_path.name}"
+    store = Store(url, skip_instance_cache=True)
+    write_shards(store, 3)
+    cfg = dict(store=url, policy=str(tiny_model_dir()), batch_groups=2, idle_timeout_s=0.5,
+               poll_interval_s=0.05, checkpoint_every=1, keep_versions=2)  # fmt: skip
+    assert train(LearnerConfig(**cfg, updates=2)).updates == 2
+    assert train(LearnerConfig(**cfg, updates=3, resume=True)).updates == 3
+    store = Store(url, skip_instance_cache=True)
+    assert store.latest_version() == 3
+    assert store.fs.exists(f"{store.policy_dir(3)}/{COMPLETE}") and not store.fs.exists(store.policy_dir(1))
+    assert len(Ledger.load(store).rows) == 6 and read_metrics(store)["update"].to_list() == [1, 2, 3]
+    local = store.fetch_policy(3, str(tmp_path / "cache"))  # what an actor on another machine does
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(local, local_files_only=True, use_safetensors=True)
