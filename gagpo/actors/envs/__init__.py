@@ -7,14 +7,18 @@ importing the registry stays fast and works without the optional extras.
 
 from __future__ import annotations
 
+from gagpo.actors.envs.alfworld_env import ALFWorld
 from gagpo.actors.envs.base import Environment
 from gagpo.actors.envs.household import Household
 from gagpo.actors.envs.sokoban import Sokoban
+from gagpo.actors.envs.textworld_env import TextWorld
 from gagpo.schemas.errors import GagpoError
 
 ENVIRONMENTS: dict[str, type[Environment]] = {
+    ALFWorld.name: ALFWorld,
     Household.name: Household,
     Sokoban.name: Sokoban,
+    TextWorld.name: TextWorld,
 }
 
 

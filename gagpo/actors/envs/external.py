@@ -1,0 +1,85 @@
+"""Helpers shared by the environments that drive third-party engines (TextWorld, ALFWorld).
+
+Those engines are optional registry packages: they are imported inside the
+environments' methods, and a missing one is a `GagpoError` that names the pip command.
+Generated games are cached on disk and written atomically, so actors that build the
+same game at once never read a half-written file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from gagpo.actors.envs.parse import normalise_command
+from gagpo.schemas.errors import GagpoError
+
+# What `make install` runs for the optional engines (INSTALL-NOTES-envs.md has the why).
+PIP_TEXTWORLD = (
+    "make install, or: pip install --no-deps textworld==1.7.0 jericho==3.3.1 && pip install "
+    "tatsu==5.8.3 hashids mementos termcolor prompt_toolkit more-itertools"
+)
+PIP_ALFWORLD = (
+    f"{PIP_TEXTWORLD} && PATH=$VIRTUAL_ENV/bin:$PATH pip install fast-downward-textworld==20.6.4"
+    " && pip install --no-deps alfworld==0.4.2"
+)
+_ARTICLES = frozenset({"the", "a", "an"})
+
+
+def require(module: str, pip_command: str) -> ModuleType:
+    """Import `module`, or raise a GagpoError that says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise GagpoError(
+            f"this environment needs the Python module '{module}' ({exc}); install it with: "
+            f"{pip_command}"
+        ) from None
+
+
+def cache_root() -> Path:
+    """`$GAGPO_CACHE`, default `~/.cache/gagpo`."""
+    return Path(os.environ.get("GAGPO_CACHE") or Path.home() / ".cache" / "gagpo").expanduser()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write `data` as JSON to `path` through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def match_command(reply: str, admissible: tuple[str, ...]) -> str | None:
+    """The admissible command a reply names (decoration, case and articles ignored), or None."""
+    command = normalise_command(reply)
+    if command in admissible:
+        return command
+    bare = " ".join(w for w in command.split() if w not in _ARTICLES)
+    by_bare = {" ".join(w for w in a.split() if w not in _ARTICLES): a for a in admissible}
+    return by_bare.get(bare)
+
+
+def clean_feedback(text: str) -> str:
+    """Engine output without prompt lines ("> ..."), trailing blanks or runs of empty lines."""
+    lines: list[str] = []
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if line.lstrip().startswith(">"):
+            continue
+        if not line.strip() and (not lines or not lines[-1]):
+            continue
+        lines.append(line.strip())
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines)

@@ -1,0 +1,336 @@
+"""TextWorld games, made offline by TextWorld's own generator from a seed and settings.
+
+A game is the challenge (coin collector, treasure hunter, cooking, simple, or a custom
+quest), its difficulty settings and the task seed. It is generated and compiled to a
+Z-machine file once, in a child process whose HOME and TMPDIR point into the cache
+(TextWorld's Inform 7 compiler writes into both), and kept under
+`$GAGPO_CACHE/textworld/<challenge>-s<seed>-<hash>/` by an atomic rename, so concurrent
+actors building the same game never see a half-written one. Games are played through
+TextWorld's Inform 7 interpreter with its state tracking.
+
+Rewards are the game's own points (the score's change), so intermediate rewards come
+as the game gives them; the episode ends when the game is won or lost. The state key
+is the game state TextWorld tracks: its facts whose predicates some rule of the
+game's logic can change (rooms' layout and objects' kinds never change, so they are
+left out), sorted, plus the score, which records quest progress that the facts don't.
+A reply that names no admissible command is not sent to the game (TextWorld's state
+tracking would lose step with the interpreter): it changes nothing and costs
+`INVALID_ACTION_PENALTY`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
+from gagpo.actors.envs.external import (
+    PIP_TEXTWORLD,
+    cache_root,
+    clean_feedback,
+    match_command,
+    require,
+    write_json_atomic,
+)
+from gagpo.schemas.errors import GagpoError
+
+GAME_FORMAT = 1  # bump when the files a game folder holds change
+# Challenge -> its settings and their defaults: small games a policy can finish in 30 turns.
+# `recipe_seed=None` draws the cooking recipe from the task seed.
+# fmt: off
+CHALLENGES: dict[str, dict[str, Any]] = {
+    "tw-coin_collector": {"level": 5},
+    "tw-treasure_hunter": {"level": 5},
+    "tw-cooking": {"recipe": 1, "take": 1, "go": 1, "open": True, "cook": True, "cut": True,
+                   "drop": False, "recipe_seed": None, "split": "train"},
+    "tw-simple": {"rewards": "dense", "goal": "detailed", "test": False},
+    "custom": {"world_size": 3, "nb_objects": 6, "quest_length": 3, "quest_breadth": 1,
+               "theme": "house"},
+}
+# fmt: on
+LEVELS = {"tw-coin_collector": (1, 300), "tw-treasure_hunter": (1, 30)}
+GENERATE_TIMEOUT_S = 600
+_MAKE_GAME = (
+    "import sys; from gagpo.actors.envs.textworld_env import make_game; "
+    "make_game(sys.argv[1], sys.argv[2])"
+)
+NOTHING_HAPPENS = "Nothing happens."
+END_MARK = "*** The End ***"
+# Words of TextWorld's command grammar and of the challenges' fixed objects: the tiny
+# policy's vocabulary. Names drawn from the text grammars vary per game and are not here.
+VERBS = ("go", "north", "south", "east", "west", "look", "inventory", "examine", "take",
+         "from", "drop", "put", "on", "insert", "into", "open", "close", "lock", "unlock",
+         "with", "eat", "drink", "cook", "slice", "chop", "dice", "prepare", "meal")  # fmt: skip
+NOUNS = ("coin", "cookbook", "knife", "stove", "oven", "bbq", "fridge", "counter", "table",
+         "door", "key", "chest", "box")  # fmt: skip
+
+
+def game_settings(challenge: str, level: int | None, settings: Mapping[str, Any] | None) -> dict:
+    """The full settings of `challenge`: defaults, then `settings`, then `level`."""
+    if challenge not in CHALLENGES:
+        raise GagpoError(
+            f"unknown TextWorld challenge {challenge!r}; accepted: {', '.join(CHALLENGES)}"
+        )
+    defaults = CHALLENGES[challenge]
+    merged = dict(defaults)
+    for key, value in (settings or {}).items():
+        if key not in defaults:
+            raise GagpoError(
+                f"unknown setting {key!r} for {challenge}; accepted: {', '.join(defaults)}"
+            )
+        merged[key] = value
+    if level is not None:
+        if challenge not in LEVELS:
+            raise GagpoError(f"level applies to {' and '.join(LEVELS)} only, not {challenge}")
+        merged["level"] = level
+    if challenge in LEVELS:
+        low, high = LEVELS[challenge]
+        if not isinstance(merged["level"], int) or not low <= merged["level"] <= high:
+            raise GagpoError(
+                f"{challenge} level must be an integer in [{low}, {high}], got {merged['level']!r}"
+            )
+    return merged
+
+
+def game_spec(challenge: str, settings: Mapping[str, Any], seed: int, version: str) -> dict:
+    """Everything that determines a generated game (what its cache key hashes)."""
+    if challenge == "tw-cooking" and settings.get("recipe_seed") is None:
+        settings = {**settings, "recipe_seed": seed}
+    return {"format": GAME_FORMAT, "textworld": version, "challenge": challenge,
+            "settings": dict(settings), "seed": seed}  # fmt: skip
+
+
+def game_dir(root: Path, spec: Mapping[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return root / f"{spec['challenge']}-s{spec['seed']}-{digest}"
+
+
+def ensure_game(root: Path, spec: Mapping[str, Any]) -> Path:
+    """The folder of the game `spec` under `root`, generating it first if needed."""
+    final = game_dir(root, spec)
+    if (final / "meta.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    try:
+        out = build / "game"
+        out.mkdir()
+        scratch = {"HOME": build / "home", "TMPDIR": build / "tmp"}
+        for path in scratch.values():
+            path.mkdir()
+        done = subprocess.run(
+            [sys.executable, "-c", _MAKE_GAME, json.dumps(spec), str(out)],
+            env={**os.environ, **{k: str(v) for k, v in scratch.items()}},
+            capture_output=True,
+            text=True,
+            timeout=GENERATE_TIMEOUT_S,
+        )
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+            raise GagpoError(
+                f"TextWorld could not generate {spec['challenge']} with settings "
+                f"{spec['settings']} and seed {spec['seed']}: {' | '.join(tail)}"
+            )
+        try:
+            out.rename(final)
+        except OSError:  # another process finished the same game first
+            if not (final / "meta.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return final
+
+
+def make_game(spec_json: str, out_dir: str) -> None:
+    """Generate and compile one game into `out_dir` (run in a child process by ensure_game)."""
+    import textworld
+    import textworld.challenges
+    from textworld.generator import compile_game
+
+    spec = json.loads(spec_json)
+    settings = spec["settings"]
+    options = textworld.GameOptions()
+    options.seeds = spec["seed"]
+    options.path = str(Path(out_dir) / "game.z8")
+    options.file_ext = ".z8"
+    options.force_recompile = True
+    if spec["challenge"] == "custom":
+        options.nb_rooms = settings["world_size"]
+        options.nb_objects = settings["nb_objects"]
+        options.chaining.min_length = options.chaining.max_length = settings["quest_length"]
+        options.chaining.max_depth = settings["quest_length"]
+        options.chaining.min_breadth = options.chaining.max_breadth = settings["quest_breadth"]
+        options.grammar.theme = settings["theme"]
+        _, game = textworld.make(options)
+    else:
+        _, make, _ = textworld.challenges.CHALLENGES[spec["challenge"]]
+        game = make(settings=settings, options=options)
+        compile_game(game, options)
+    dynamic: set[str] = set()  # predicates that some rule adds or removes
+    for rule in game.kb.logic.rules.values():
+        dynamic |= {p.name for p in set(rule.preconditions) ^ set(rule.postconditions)}
+    meta = {
+        "spec": spec,
+        "walkthrough": list(game.metadata.get("walkthrough") or game.walkthrough or []),
+        "max_score": game.max_score,
+        "dynamic_predicates": sorted(dynamic),
+    }
+    write_json_atomic(Path(out_dir) / "meta.json", meta)
+
+
+@contextmanager
+def _quiet_jericho() -> Iterator[None]:
+    # Jericho warns that TextWorld's games are "not fully supported": it cannot read their
+    # score itself, which TextWorld's own state tracking does instead.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Game .* is not fully supported")
+        yield
+
+
+def _fact_text(fact: Any) -> str:
+    return f"{fact.name}({', '.join(v.name for v in fact.arguments)})"
+
+
+def _observation(feedback: str) -> str:
+    text = clean_feedback(feedback)
+    end = text.find(END_MARK)
+    return text if end < 0 else text[: end + len(END_MARK)]
+
+
+class TextWorld:
+    """A TextWorld game per task seed; reward = points scored, done when won or lost."""
+
+    name = "textworld"
+
+    def __init__(
+        self,
+        max_turns: int = 30,
+        *,
+        challenge: str = "tw-coin_collector",
+        level: int | None = None,
+        settings: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> None:
+        """`challenge`: one of CHALLENGES; `level`: difficulty of coin collector (1-300) or
+        treasure hunter (1-30); `settings`: other challenge settings (see CHALLENGES);
+        `cache_dir`: where games are kept, default `$GAGPO_CACHE/textworld`."""
+        if max_turns < 1:
+            raise GagpoError(f"max_turns must be at least 1, got {max_turns}")
+        self.max_turns = max_turns
+        self.challenge = challenge
+        self.settings = game_settings(challenge, level, settings)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else cache_root() / "textworld"
+        self._game: Path | None = None
+        self._meta: dict[str, Any] = {}
+        self._dynamic: frozenset[str] = frozenset()
+        self._tw: Any = None
+        self._state_key = ""
+        self._admissible: tuple[str, ...] = ()
+        self._score = 0
+        self._turn = 0
+        self._over = True
+
+    def game_path(self, task_seed: int) -> Path:
+        """The folder of task `task_seed`'s game, generated on first use."""
+        textworld = require("textworld", PIP_TEXTWORLD)
+        spec = game_spec(self.challenge, self.settings, task_seed, textworld.__version__)
+        return ensure_game(self.cache_dir, spec)
+
+    def reset(self, task_seed: int) -> Reset:
+        game = self.game_path(task_seed)
+        if game != self._game:
+            self._load(game)
+        with _quiet_jericho():
+            state = self._tw.reset()
+        self._score = state["score"] or 0
+        self._turn = 0
+        self._over = False
+        self._observe(state)
+        objective = " ".join(state["objective"].split())
+        observation = f"{objective}\n\n{clean_feedback(state['description'])}"
+        return Reset(observation, self._state_key, self._admissible)
+
+    def _load(self, game: Path) -> None:
+        textworld = require("textworld", PIP_TEXTWORLD)
+        self.close()
+        infos = textworld.EnvInfos(description=True, objective=True, facts=True, score=True,
+                                   won=True, lost=True, admissible_commands=True)  # fmt: skip
+        with _quiet_jericho():
+            self._tw = textworld.start(str(game / "game.z8"), request_infos=infos)
+        self._meta = json.loads((game / "meta.json").read_text())
+        self._dynamic = frozenset(self._meta["dynamic_predicates"])
+        self._game = game
+
+    def _observe(self, state: Any) -> None:
+        facts = sorted(_fact_text(f) for f in state["facts"] if f.name in self._dynamic)
+        self._state_key = "\n".join([f"score: {self._score}", *facts])
+        self._admissible = tuple(state["admissible_commands"])
+
+    def step(self, reply: str) -> Transition:
+        if self._over or self._tw is None:
+            raise RuntimeError("the TextWorld episode is over (or never began); call reset() first")
+        before = self._state_key
+        command = match_command(reply, self._admissible)
+        self._turn += 1
+        done = False
+        if command is None:
+            observation, reward, valid = NOTHING_HAPPENS, INVALID_ACTION_PENALTY, False
+        else:
+            state, score, _ = self._tw.step(command)
+            reward, self._score, valid = float(score - self._score), score, True
+            done = bool(state["won"] or state["lost"])
+            self._observe(state)
+            observation = _observation(state.feedback) or NOTHING_HAPPENS
+        truncated = not done and self._turn >= self.max_turns
+        self._over = done or truncated
+        return Transition(
+            observation=observation,
+            state_key=before,
+            next_state_key=None if done else self._state_key,
+            reward=reward,
+            done=done,
+            truncated=truncated,
+            action_valid=valid,
+            admissible=() if done else self._admissible,
+        )
+
+    def close(self) -> None:
+        """Release the interpreter of the loaded game (a new reset loads it again)."""
+        if self._tw is not None:
+            self._tw.close()
+        self._tw, self._game = None, None
+
+    @property
+    def max_score(self) -> int | None:
+        """The points the loaded game awards in all (None before the first reset)."""
+        return self._meta.get("max_score") if self._game is not None else None
+
+    @property
+    def instructions(self) -> str:
+        return (
+            "You are playing a text adventure game. Each turn you read what happened and "
+            "reply with one command, such as: go north, look, inventory, examine cookbook, "
+            "take coin, take apple from fridge, put apple on table, open door, unlock door "
+            "with key, cook carrot with stove, slice carrot with knife, eat meal. The game "
+            "awards points for progress and ends when you complete its task. A command the "
+            "game cannot carry out here changes nothing and costs 0.1. Reply with exactly "
+            "one command."
+        )
+
+    def expert_plan(self) -> list[str] | None:
+        """The game's walkthrough from its start, as TextWorld's generator wrote it."""
+        return list(self._meta["walkthrough"]) if self._game is not None else None
+
+    @classmethod
+    def vocabulary(cls) -> list[str]:
+        return sorted({*VERBS, *NOUNS})

@@ -1,0 +1,202 @@
+"""The TextWorld environment: generated games, expert walkthroughs, group starts, keys.
+
+Games are generated once into the cache ($GAGPO_CACHE, kept between `make test` runs);
+generating one takes a few seconds (Inform 7 compiles it), so those tests are slow.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Environment
+from gagpo.actors.envs.textworld_env import CHALLENGES, TextWorld, game_settings
+from gagpo.schemas import columns as C
+from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.store import Store
+from gagpo.schemas.validate import validate_steps
+
+PLAYED = ["tw-coin_collector", "tw-treasure_hunter", "tw-cooking", "custom"]
+
+
+def needs_textworld() -> None:
+    pytest.importorskip(
+        "textworld", reason="textworld is not installed (see INSTALL-NOTES-envs.md)"
+    )
+
+
+# --- without TextWorld --------------------------------------------------------------------
+
+
+def test_settings_have_defaults_and_are_checked() -> None:
+    assert game_settings("tw-coin_collector", None, None) == {"level": 5}
+    assert game_settings("tw-treasure_hunter", 12, None) == {"level": 12}
+    assert game_settings("tw-cooking", None, {"go": 6})["go"] == 6
+    with pytest.raises(GagpoError, match="unknown TextWorld challenge 'zork'; accepted: tw-coin"):
+        TextWorld(challenge="zork")
+    with pytest.raises(
+        GagpoError, match="unknown setting 'levle' for tw-coin_collector; accepted: level"
+    ):
+        TextWorld(settings={"levle": 3})
+    with pytest.raises(GagpoError, match=r"level must be an integer in \[1, 30\], got 31"):
+        TextWorld(challenge="tw-treasure_hunter", level=31)
+    with pytest.raises(GagpoError, match="level applies to"):
+        TextWorld(challenge="tw-cooking", level=2)
+    with pytest.raises(GagpoError, match="max_turns must be at least 1"):
+        TextWorld(max_turns=0)
+    assert set(PLAYED) <= set(CHALLENGES)
+
+
+def test_is_an_environment_and_builds_without_textworld(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "textworld", None)  # importing it now fails
+    env = TextWorld(max_turns=7)
+    assert isinstance(env, Environment) and env.name == "textworld" and env.max_turns == 7
+    assert "Reply with exactly one command." in env.instructions
+    assert env.expert_plan() is None
+    assert {"go", "north", "take", "coin", "inventory", "look"} <= set(TextWorld.vocabulary())
+    with pytest.raises(GagpoError, match=r"pip install .*textworld==1\.7\.0"):
+        env.reset(0)
+
+
+# --- generated games ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("challenge", PLAYED)
+def test_walkthrough_wins_every_challenge(challenge: str) -> None:
+    needs_textworld()
+    env = TextWorld(max_turns=60, challenge=challenge)
+    first = env.reset(7)
+    plan = env.expert_plan()
+    assert plan and first.admissible and plan[0] in first.admissible
+    assert first.observation.strip() and "score: 0" in first.state_key
+    total, key = 0.0, first.state_key
+    for i, command in enumerate(plan):
+        tr = env.step(command)
+        assert tr.action_valid and tr.state_key == key and not tr.truncated
+        assert tr.done == (i == len(plan) - 1), command
+        total += tr.reward
+        key = tr.next_state_key
+    assert tr.done and tr.next_state_key is None and tr.admissible == ()
+    assert total == env.max_score > 0  # every point the game gives, intermediate ones included
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step("look")
+
+
+@pytest.mark.slow
+def test_group_starts_from_one_state_and_meets_states_again() -> None:
+    needs_textworld()
+    envs = [TextWorld(challenge="tw-coin_collector") for _ in range(3)]
+    starts = [env.reset(11) for env in envs]
+    assert len({(s.state_key, s.observation, s.admissible) for s in starts}) == 1
+    # Same moves, same states, whatever instance plays them; going and coming back returns
+    # to the starting state.
+    move = starts[0].admissible[0]
+    assert move.startswith("go ")
+    back = {"north": "south", "south": "north", "east": "west", "west": "east"}[move.split()[1]]
+    there = [env.step(move) for env in envs]
+    assert (
+        len({t.next_state_key for t in there}) == 1
+        and there[0].next_state_key != starts[0].state_key
+    )
+    home = envs[0].step(f"go {back}")
+    assert home.next_state_key == starts[0].state_key
+    # A fresh reset of a used instance starts over.
+    assert envs[1].reset(11) == starts[0]
+
+
+@pytest.mark.slow
+def test_generation_is_deterministic_across_caches(tmp_path: Path) -> None:
+    needs_textworld()
+    a = TextWorld(challenge="tw-coin_collector", level=3, cache_dir=tmp_path / "a")
+    b = TextWorld(challenge="tw-coin_collector", level=3, cache_dir=tmp_path / "b")
+    assert a.reset(5) == b.reset(5)
+    assert a.expert_plan() == b.expert_plan()
+    (game,) = (tmp_path / "a").iterdir()
+    assert sorted(p.name for p in game.iterdir()) == [
+        "game.json",
+        "game.ni",
+        "game.z8",
+        "meta.json",
+    ]
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+@pytest.mark.slow
+def test_invalid_replies_change_nothing_and_turns_run_out() -> None:
+    needs_textworld()
+    env = TextWorld(max_turns=3, challenge="tw-coin_collector")
+    first = env.reset(11)
+    tr = env.step("dance with the coin")
+    assert not tr.action_valid and tr.reward == INVALID_ACTION_PENALTY
+    assert (
+        tr.next_state_key == tr.state_key == first.state_key and tr.admissible == first.admissible
+    )
+    assert env.step("Action: LOOK.").action_valid  # decoration and case are ignored
+    last = env.step("inventory")
+    assert last.truncated and not last.done and last.next_state_key == first.state_key
+
+
+def test_a_generation_failure_names_the_settings(tmp_path: Path) -> None:
+    needs_textworld()
+    env = TextWorld(challenge="tw-cooking", settings={"go": 7}, cache_dir=tmp_path)
+    with pytest.raises(GagpoError, match=r"could not generate tw-cooking with settings .*'go': 7"):
+        env.reset(0)
+    assert not list(tmp_path.iterdir())  # the failed build left nothing behind
+
+
+# --- through gagpo-actors -----------------------------------------------------------------
+
+
+# Registers both engines where the registry does not (yet): the tiny policy's vocabulary,
+# and so its cached build, is then the same as with the full registry.
+_ACTORS_MAIN = (
+    "import sys; from gagpo.actors.envs import ENVIRONMENTS; "
+    "from gagpo.actors.envs.textworld_env import TextWorld; "
+    "from gagpo.actors.envs.alfworld_env import ALFWorld; "
+    "ENVIRONMENTS.setdefault('textworld', TextWorld); ENVIRONMENTS.setdefault('alfworld', ALFWorld); "
+    "from gagpo.actors.cli import main; sys.argv[0] = 'gagpo-actors'; main()"
+)
+
+
+def run_actors_with(env_name: str, store: Path, *args: str) -> subprocess.CompletedProcess:
+    """`gagpo-actors --env env_name ...` in a child process."""
+    flags = ["--quiet", "--store", str(store), "--env", env_name, "--policy", "tiny", *args]
+    return subprocess.run(
+        [sys.executable, "-c", _ACTORS_MAIN, *flags], capture_output=True, text=True, timeout=600
+    )
+
+
+def check_shards(store: Path, env_name: str, groups: int, group_size: int) -> pl.DataFrame:
+    refs = Store(str(store)).list_shards()
+    assert refs
+    for ref in refs:
+        table = pq.read_table(ref.path)
+        validate_steps(table, table.schema.metadata)
+    steps = pl.concat([pl.from_arrow(pq.read_table(ref.path)) for ref in refs])
+    assert steps[C.ENV].unique().to_list() == [env_name]
+    first = (
+        steps.filter(pl.col(C.STEP) == 0)
+        .group_by(C.GROUP_ID)
+        .agg(
+            pl.col(C.TRAJ_ID).n_unique().alias("rollouts"),
+            pl.col(C.STATE_KEY).n_unique().alias("starts"),
+        )
+    )
+    assert first["rollouts"].to_list() == [group_size] * groups
+    assert first["starts"].to_list() == [1] * groups
+    return steps
+
+
+@pytest.mark.slow
+def test_actors_write_valid_textworld_shards(store_dir: Path) -> None:
+    needs_textworld()
+    result = run_actors_with("textworld", store_dir, "--groups", "2",
+                             "--group-size", "2", "--max-turns", "3", "--seed", "3")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    check_shards(store_dir, "textworld", groups=2, group_size=2)
