@@ -92,6 +92,8 @@ def run_actor(config: ActorConfig, *, progress=None) -> ActorSummary:
     summary = ActorSummary(run_id=run_id)
 
     policy = load_policy(config.policy, version=0, sampling=config.sampling, device=config.device)
+    # Version 0 lives in the store too: learners start from exactly these weights.
+    store.publish_base_policy(str(policy.model_dir))
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     pending: list[dict[str, list]] = []

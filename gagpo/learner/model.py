@@ -7,6 +7,8 @@ Models are loaded from local folders as safetensors only (`use_safetensors=True`
 from __future__ import annotations
 
 import math
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -14,23 +16,36 @@ from torch import nn
 
 from gagpo.learner.batching import MicroBatch
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.store import Store
 
 
-def resolve_policy(spec: str) -> Path:
-    """A preset name or a Hugging Face folder → a loadable local folder."""
-    try:
-        from gagpo.models.presets import resolve_model  # shared presets (not gagpo.actors)
-    except ImportError:
-        resolve_model = None
-    if resolve_model is not None:
-        return Path(resolve_model(spec))
+def resolve_policy(spec: str, store: Store, *, poll_s: float = 2.0, echo=None) -> Path:
+    """The base policy (version 0) as a local folder.
+
+    A Hugging Face folder is used as it is. A preset name (tiny, smollm2-135m) is
+    materialised by the actors, which publish it as STORE/policy/v0 before their first
+    rollout; the learner waits for that folder, so both sides start from the same weights
+    and the learner never imports the actors.
+    """
     path = Path(spec).expanduser()
-    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+    if path.is_dir():
+        if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+            raise GagpoError(
+                f"policy folder {spec!r} holds no Hugging Face model; accepted: a folder with "
+                "config.json and safetensors weights, or a preset name (tiny, smollm2-135m)"
+            )
+        return path
+    if "/" in spec or spec.startswith("."):
         raise GagpoError(
-            f"policy {spec!r} is not a Hugging Face model folder with safetensors weights; "
-            "accepted: such a folder (presets need gagpo.models.presets)"
+            f"model path {spec!r} does not exist; accepted: a Hugging Face model folder or a "
+            "preset name (tiny, smollm2-135m)"
         )
-    return path
+    if not store.has_policy(0) and echo is not None:
+        echo(f"waiting for the actors to publish base policy {spec!r} as {store.policy_dir(0)}")
+    while not store.has_policy(0):
+        time.sleep(poll_s)
+    cache = os.path.join(os.environ.get("GAGPO_CACHE", os.path.expanduser("~/.cache/gagpo")), "policies")
+    return Path(store.fetch_policy(0, cache))
 
 
 def load_model(folder: Path, device: torch.device) -> nn.Module:

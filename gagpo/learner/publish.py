@@ -25,9 +25,7 @@ import time
 from pathlib import Path
 
 from gagpo.learner.faults import fault_point
-from gagpo.schemas.store import POLICY, Store
-
-COMPLETE = ".complete"
+from gagpo.schemas.store import COMPLETE, POLICY, Store
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 # Files of a model folder that describe weights; everything else (tokenizer, chat
 # template, ...) is copied from the base folder into every version.
@@ -81,7 +79,8 @@ def prune_versions(store: Store, keep: int) -> list[int]:
     latest = store.latest_version()
     versions = published_versions(store)
     complete = [v for v in versions if is_complete(store, store.policy_dir(v))]
-    kept = set(complete[-keep:]) | ({latest} if latest is not None else set())
+    # v0 is the base policy the actors published: learners (and --resume) start from it.
+    kept = set(complete[-keep:]) | ({latest} if latest is not None else set()) | {0}
     newest_kept = max(kept, default=-1)
     # Incomplete folders newer than every kept version may be a publication in flight.
     doomed = [v for v in versions if v not in kept and v < newest_kept]

@@ -242,12 +242,13 @@ class Parts:
     ref_model: torch.nn.Module | None
 
     @classmethod
-    def build(cls, cfg: LearnerConfig, d: Dist) -> Parts:
+    def build(cls, cfg: LearnerConfig, d: Dist, echo=None) -> Parts:
         torch.manual_seed(cfg.seed)
         store = Store(cfg.store)
         if d.main:
             store.ensure_writable()
-        base_dir = resolve_policy(cfg.policy)
+        base_dir = resolve_policy(cfg.policy, Store(cfg.replay) if cfg.replay else store,
+                                  poll_s=cfg.poll_interval_s, echo=echo if d.main else None)
         model = load_model(base_dir, d.device)
         if cfg.lora.enabled:
             add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.target_modules)
@@ -270,7 +271,7 @@ class Parts:
 def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
     """Run the learner until `cfg.updates` updates are done (or the data runs out)."""
     d = init_dist(cfg.device)
-    p = Parts.build(cfg, d)
+    p = Parts.build(cfg, d, echo)
     update, version, ledger = start_state(p.store, cfg, p.model, p.optimizer, p.scheduler, d, p.publish)
     feed = make_feed(p.store, ledger, cfg) if d.main else None
     log = MetricsLog(p.store, echo=echo) if d.main else None

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import posixpath
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ POLICY = "policy"
 LEARNER = "learner"
 QUARANTINE = "quarantine"
 LATEST = "LATEST"
+COMPLETE = ".complete"  # marker committed last into a folder written file by file
 PARQUET_COMPRESSION = "zstd"
 _TEMP_PREFIX = ".tmp-"
 
@@ -225,6 +227,37 @@ class Store:
     def set_latest(self, version: int) -> None:
         """Point LATEST at `version`; call only once that version is complete."""
         self.commit_bytes(self.path(POLICY, LATEST), f"{version}\n".encode())
+
+    def has_policy(self, version: int) -> bool:
+        """Whether policy `version` is completely written (its `.complete` marker exists)."""
+        return self.fs.exists(posixpath.join(self.policy_dir(version), COMPLETE))
+
+    def publish_base_policy(self, local_dir: str) -> str:
+        """Publish the base model folder as policy/v0, once; safe when actors race.
+
+        Locally a staging folder is renamed into place (the loser of a race discards its
+        copy). On object stores every writer PUTs the same bytes (presets are
+        deterministic), each PUT atomic, and commits the marker last; nothing is deleted.
+        """
+        remote = self.policy_dir(0)
+        if self.has_policy(0):
+            return remote
+        names = sorted(n for n in os.listdir(local_dir) if not n.startswith("."))
+        marker = json.dumps({"files": names, "source": str(local_dir)}).encode()
+        if not self.is_local:
+            for name in names:
+                self.fs.put_file(os.path.join(local_dir, name), posixpath.join(remote, name))
+            self.commit_bytes(posixpath.join(remote, COMPLETE), marker)
+            return remote
+        staging = self.path(POLICY, f"{_TEMP_PREFIX}v0-{uuid.uuid4().hex}")
+        shutil.copytree(local_dir, staging, ignore=shutil.ignore_patterns(".*"))
+        with open(os.path.join(staging, COMPLETE), "wb") as handle:
+            handle.write(marker)
+        try:
+            os.rename(staging, remote)  # atomic; fails if another actor's v0 is already there
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+        return remote
 
     def fetch_policy(self, version: int, cache_dir: str) -> str:
         """A local folder holding policy `version` (the folder itself for a local store)."""

@@ -11,6 +11,10 @@ sampling distribution. With top_p < 1 the distribution actually sampled from is 
 renormalised over the nucleus, whose log-prob is larger by -log(nucleus mass); we record
 the un-truncated value because it is the one the learner can recompute from logits alone,
 so its importance ratios compare like with like.
+
+Prompts are batched by length with left padding; a prefix common to the whole batch (a
+group's prompts are identical at its first turn and share the system prompt after it)
+is run once and its cache shared, which on CPU is most of the cost of a turn.
 """
 
 from __future__ import annotations
@@ -43,6 +47,21 @@ def resolve_device(device: str) -> torch.device:
     if resolved.type not in ("cpu", "cuda"):
         raise GagpoError(f"device {device!r} is not supported; accepted: auto, cpu, cuda, cuda:N")
     return resolved
+
+
+# A shared prompt prefix shorter than this is not worth a separate forward pass.
+MIN_SHARED_PREFIX = 16
+
+
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    """Tokens all prompts start with, leaving each at least one token of its own (the
+    last prompt token's logits are needed per row)."""
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    length = 0
+    while length < limit and all(p[length] == first[length] for p in prompts):
+        length += 1
+    return length
 
 
 class HFPolicy:
@@ -180,20 +199,41 @@ class HFPolicy:
             probs = torch.zeros_like(probs).scatter(-1, sorted_ids, sorted_probs)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
 
-    def _generate_batch(self, batch: list[list[int]], generator: torch.Generator) -> list[Sample]:
-        rows, width = len(batch), max(len(p) for p in batch)
+    def _prefill(self, batch: list[list[int]]):
+        """Run the prompts through the model: last-position logits, cache, mask, next position.
+
+        The G prompts of a group are identical at its first turn and share the system
+        prompt after that, so a common prefix is run once and its cache copied to every
+        row; each row's own suffix follows, left-padded: [prefix][pad…][suffix].
+        """
+        rows = len(batch)
+        shared = common_prefix_length(batch) if rows > 1 else 0
+        past = None
+        if shared < MIN_SHARED_PREFIX:
+            shared = 0
+        else:
+            prefix = torch.tensor([batch[0][:shared]], device=self.device)
+            positions = torch.arange(shared, device=self.device)[None]
+            _, past = self._forward(prefix, torch.ones_like(prefix), positions, None)
+            past.batch_repeat_interleave(rows)
+        suffixes = [prompt[shared:] for prompt in batch]
+        width = max(len(s) for s in suffixes)
         input_ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((rows, width), dtype=torch.long)
-        for r, prompt in enumerate(batch):  # left padding: every prompt ends at the last column
-            input_ids[r, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[r, width - len(prompt) :] = 1
+        attention_mask = torch.zeros((rows, shared + width), dtype=torch.long)
+        attention_mask[:, :shared] = 1
+        for r, suffix in enumerate(suffixes):  # every prompt ends at the last column
+            input_ids[r, width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            attention_mask[r, shared + width - len(suffix) :] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         # Positions count real tokens only, as in an unpadded forward pass.
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        eos = torch.tensor(self.eos_ids, device=self.device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        logits, past = self._forward(input_ids, attention_mask, position_ids, past)
+        return logits, past, attention_mask, position_ids[:, -1:] + 1
 
-        logits, past = self._forward(input_ids, attention_mask, position_ids, None)
-        next_position = position_ids[:, -1:] + 1  # [B, 1]
+    def _generate_batch(self, batch: list[list[int]], generator: torch.Generator) -> list[Sample]:
+        rows = len(batch)
+        eos = torch.tensor(self.eos_ids, device=self.device)
+        logits, past, attention_mask, next_position = self._prefill(batch)  # [B, V] … [B, 1]
         finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
         started = torch.zeros(rows, dtype=torch.bool, device=self.device)
         tokens, logprobs, alive = [], [], []
