@@ -44,7 +44,9 @@ def resolve_policy(spec: str, store: Store, *, poll_s: float = 2.0, echo=None) -
         echo(f"waiting for the actors to publish base policy {spec!r} as {store.policy_dir(0)}")
     while not store.has_policy(0):
         time.sleep(poll_s)
-    cache = os.path.join(os.environ.get("GAGPO_CACHE", os.path.expanduser("~/.cache/gagpo")), "policies")
+    cache = os.path.join(
+        os.environ.get("GAGPO_CACHE", os.path.expanduser("~/.cache/gagpo")), "policies"
+    )
     return Path(store.fetch_policy(0, cache))
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from gagpo.learner.faults import fault_point
 from gagpo.schemas.store import COMPLETE, POLICY, Store
+
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 # Files of a model folder that describe weights; everything else (tokenizer, chat
 # template, ...) is copied from the base folder into every version.

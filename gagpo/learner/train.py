@@ -54,9 +54,13 @@ HISTOGRAMS = {"ratio": Histogram(0.0, 2.0), "behavior_weight": Histogram(0.0, 4.
 
 def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig):
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay
+    )
     warmup = cfg.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1))
+    )
     return optimizer, scheduler
 
 
@@ -67,8 +71,18 @@ def _slices(table: pa.Table, n: int) -> list[pa.Table]:
     return [table.filter(pc.is_in(table[C.GROUP_ID], groups.take(p))) for p in parts]
 
 
-def run_update(model, optimizer, scheduler, table: pa.Table, *, version: int, cfg: LearnerConfig,
-               d: Dist, pad_id: int, ref_model=None) -> tuple[dict, dict]:
+def run_update(
+    model,
+    optimizer,
+    scheduler,
+    table: pa.Table,
+    *,
+    version: int,
+    cfg: LearnerConfig,
+    d: Dist,
+    pad_id: int,
+    ref_model=None,
+) -> tuple[dict, dict]:
     """One update over `table` (BATCH_COLUMNS); returns metric sums and histogram counts."""
     loss_cfg = cfg.loss.to_loss_config()
     max_pos = getattr(model.config, "max_position_embeddings", 1 << 20)
@@ -90,7 +104,10 @@ def run_update(model, optimizer, scheduler, table: pa.Table, *, version: int, cf
         model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     sums = dict.fromkeys(_WEIGHTED + _PER_ACTION + _COUNTS, 0.0) | {"valid": 0.0}
-    w_max, hist = torch.zeros(1), {k: torch.zeros(h.bins, dtype=torch.long) for k, h in HISTOGRAMS.items()}
+    w_max, hist = (
+        torch.zeros(1),
+        {k: torch.zeros(h.bins, dtype=torch.long) for k, h in HISTOGRAMS.items()},
+    )
     grad_norms = []
     for k, mbs in enumerate(plans):
         for j, mb in enumerate(mbs):
@@ -134,14 +151,21 @@ def _accumulate(sums, hist, m: dict, mb: MicroBatch, logp, logp_prox, loss_cfg) 
     for key in _PER_ACTION:
         sums[key] += m[key] * valid
     sums["valid"] += valid
-    for key, value in (("ratio_bounded", m["ratio_bounded"]), ("masked_actions", m["masked_actions"]),
-                       ("actions", m["actions"]), ("action_tokens", m["tokens"]), ("tokens", mb.tokens)):
+    for key, value in (
+        ("ratio_bounded", m["ratio_bounded"]),
+        ("masked_actions", m["masked_actions"]),
+        ("actions", m["actions"]),
+        ("action_tokens", m["tokens"]),
+        ("tokens", mb.tokens),
+    ):
         sums[key] += value
     mask = mb.action_mask.float()
     n = mask.sum(1).clamp(min=1)
     ok = mb.action_mask.any(1)
     behav = mb.logp_behav if not loss_cfg.bypass else logp_prox
-    log_w = (((logp_prox - behav) * mask).sum(1) / n).clamp(max=float(np.log(loss_cfg.behavior_cap)))
+    log_w = (((logp_prox - behav) * mask).sum(1) / n).clamp(
+        max=float(np.log(loss_cfg.behavior_cap))
+    )
     log_rho = (((logp - logp_prox) * mask).sum(1) / n).clamp(-20, 20)
     hist["ratio"] += HISTOGRAMS["ratio"].counts(torch.exp(log_rho[ok])).cpu()
     hist["behavior_weight"] += HISTOGRAMS["behavior_weight"].counts(torch.exp(log_w[ok])).cpu()
@@ -225,7 +249,10 @@ def histograms(counts: dict, batch: Batch, version: int, max_staleness: int) -> 
     """Histogram rows with their bin edges; staleness has one bin per version behind, then
     one counting the groups dropped as stale."""
     out = {k: (v, HISTOGRAMS[k].edges) for k, v in counts.items()}
-    out["staleness"] = (staleness_counts(batch, version, max_staleness), list(range(max_staleness + 2)))
+    out["staleness"] = (
+        staleness_counts(batch, version, max_staleness),
+        list(range(max_staleness + 2)),
+    )
     return out
 
 
@@ -247,20 +274,30 @@ class Parts:
         store = Store(cfg.store)
         if d.main:
             store.ensure_writable()
-        base_dir = resolve_policy(cfg.policy, Store(cfg.replay) if cfg.replay else store,
-                                  poll_s=cfg.poll_interval_s, echo=echo if d.main else None)
+        base_dir = resolve_policy(
+            cfg.policy,
+            Store(cfg.replay) if cfg.replay else store,
+            poll_s=cfg.poll_interval_s,
+            echo=echo if d.main else None,
+        )
         model = load_model(base_dir, d.device)
         if cfg.lora.enabled:
             add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.target_modules)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.train()
-        ref = load_model(base_dir, d.device).eval().requires_grad_(False) if cfg.loss.kl_coef else None
+        ref = (
+            load_model(base_dir, d.device).eval().requires_grad_(False)
+            if cfg.loss.kl_coef
+            else None
+        )
         return cls(cfg, store, base_dir, model, *make_optimizer(model, cfg), ref)
 
     def publish(self, version: int) -> None:
         lora = self.cfg.lora if self.cfg.lora.enabled else None
-        publish_version(self.store, self.model, self.base_dir, version, self.cfg.keep_versions, lora)
+        publish_version(
+            self.store, self.model, self.base_dir, version, self.cfg.keep_versions, lora
+        )
 
     def checkpoint(self, update: int, version: int, ledger: Ledger) -> None:
         save_checkpoint(self.store, update=update, version=version, model=self.model,
@@ -272,7 +309,9 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
     """Run the learner until `cfg.updates` updates are done (or the data runs out)."""
     d = init_dist(cfg.device)
     p = Parts.build(cfg, d, echo)
-    update, version, ledger = start_state(p.store, cfg, p.model, p.optimizer, p.scheduler, d, p.publish)
+    update, version, ledger = start_state(
+        p.store, cfg, p.model, p.optimizer, p.scheduler, d, p.publish
+    )
     feed = make_feed(p.store, ledger, cfg) if d.main else None
     log = MetricsLog(p.store, echo=echo) if d.main else None
     pad_id = getattr(p.model.config, "pad_token_id", None) or 0
@@ -302,7 +341,10 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
     if d.main:
         if checkpointed != update:
             p.checkpoint(update, version, feed.ledger)
-        summary.stale_groups, summary.rejected_shards = feed.stats.groups_stale, feed.stats.shards_rejected
+        summary.stale_groups, summary.rejected_shards = (
+            feed.stats.groups_stale,
+            feed.stats.shards_rejected,
+        )
     summary.updates, summary.version = update, version
     close_dist(d)
     return summary

@@ -49,7 +49,11 @@ def gagpo() -> None:
 
 
 @click.command(name="run", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--store", required=True, help="Store root (local path or fsspec URL) shared by actors and learner.")
+@click.option(
+    "--store",
+    required=True,
+    help="Store root (local path or fsspec URL) shared by actors and learner.",
+)
 @click.option(
     "--recipe",
     default="demo",

@@ -8,6 +8,7 @@ commits it) and a summary of the run is printed from the store's SQL views.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -38,7 +39,9 @@ def recipe_path(recipe: str) -> Path:
     path = Path(recipe)
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
-            raise GagpoError(f"recipe {recipe!r} does not exist; accepted: a TOML file or one of {shipped()}")
+            raise GagpoError(
+                f"recipe {recipe!r} does not exist; accepted: a TOML file or one of {shipped()}"
+            )
         return path
     shipped_file = resources.files("gagpo.workflows") / "recipes" / f"{recipe}.toml"
     if not shipped_file.is_file():
@@ -47,7 +50,11 @@ def recipe_path(recipe: str) -> Path:
 
 
 def shipped() -> str:
-    names = sorted(p.name[:-5] for p in (resources.files("gagpo.workflows") / "recipes").iterdir() if p.name.endswith(".toml"))
+    names = sorted(
+        p.name[:-5]
+        for p in (resources.files("gagpo.workflows") / "recipes").iterdir()
+        if p.name.endswith(".toml")
+    )
     return ", ".join(names)
 
 
@@ -67,13 +74,34 @@ def run(recipe: str, store: str, *, actors: int | None = None, echo=print) -> in
 
     run_id = new_id()
     python = sys.executable
+    # One machine shared by every process: split the cores instead of oversubscribing them
+    # (torch's default of one thread per core in each process thrashes on small machines).
+    threads = str(max(1, (os.cpu_count() or 1) // (config.actors + 1)))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     actor_procs = []
     for i in range(config.actors):
-        cmd = [python, "-m", "gagpo.actors.cli", "--config", str(path), "--store", store, "--follow",
-               "--quiet", "--run-id", run_id, "--seed", str(actor_cfg.seed + i * SEED_STRIDE)]
-        actor_procs.append(subprocess.Popen(cmd))
-    echo(f"run {run_id}: {config.actors} actor(s) started (pids {', '.join(str(p.pid) for p in actor_procs)})")
-    learner = subprocess.Popen([python, "-m", "gagpo.learner.cli", "--config", str(path), "--store", store])
+        cmd = [
+            python,
+            "-m",
+            "gagpo.actors.cli",
+            "--config",
+            str(path),
+            "--store",
+            store,
+            "--follow",
+            "--quiet",
+            "--run-id",
+            run_id,
+            "--seed",
+            str(actor_cfg.seed + i * SEED_STRIDE),
+        ]
+        actor_procs.append(subprocess.Popen(cmd, env=env))
+    echo(
+        f"run {run_id}: {config.actors} actor(s) started (pids {', '.join(str(p.pid) for p in actor_procs)})"
+    )
+    learner = subprocess.Popen(
+        [python, "-m", "gagpo.learner.cli", "--config", str(path), "--store", store], env=env
+    )
     echo(f"learner started (pid {learner.pid})")
     try:
         code = learner.wait()
@@ -110,7 +138,7 @@ def summary(store: str) -> str:
     table = run_query(
         con,
         "select policy_version, count(*) as rollouts, avg(success::int) as success_rate, "
-        "avg(\"return\") as mean_return from trajectories group by 1 order by 1",
+        'avg("return") as mean_return from trajectories group by 1 order by 1',
     ).to_pylist()
     lines = ["policy_version  rollouts  success_rate  mean_return"]
     for row in table:
@@ -119,4 +147,3 @@ def summary(store: str) -> str:
         )
     lines.append(f"store: {store}  (inspect with: gagpo sql --store {store})")
     return "\n".join(lines)
-
