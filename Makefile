@@ -32,9 +32,10 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# The main job on the embedded default recipe (gagpo/workflows/recipes/demo.toml): two
+# actors and the learner on one machine, in a new store under demo-store/ each time.
 demo: install
-	$(BIN)/gagpo-actors --store demo-store --env household --policy tiny \
-		--groups 4 --group-size 8 --max-turns 15 --seed 0
+	$(BIN)/gagpo run --store demo-store/$$(date +%Y%m%d-%H%M%S) --recipe demo
 
 test: install
 	$(BIN)/python -m pytest
