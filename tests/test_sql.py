@@ -368,12 +368,6 @@ def test_learner_histograms(known_store):
     assert [(r["low"], r["high"], r["n"]) for r in got] == [(0.0, 2.0, 8), (2.0, 4.0, 4)]
 
 
-def test_learner_metric_columns_match_the_learner():
-    """The view's known columns are the ones the learner writes."""
-    metrics = pytest.importorskip("gagpo.learner.metrics")
-    assert tuple(metrics.METRIC_COLUMNS) == sql.LEARNER_METRICS_COLUMNS
-
-
 def test_empty_store_views_work(store_dir):
     connection = sql.open_store_db(str(store_dir))
     for view in sql.VIEWS:

@@ -14,18 +14,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from gagpo.schemas import columns as C
 from gagpo.schemas.store import LEARNER, Store
 
 METRICS = "metrics"
 HISTOGRAMS = "histograms.zarr"
 # Columns of a metrics row, in order (loss terms as returned by `gagpo_loss`).
-METRIC_COLUMNS = (
-    "update", "version", "time", "loss", "pg_loss", "kl_ref", "entropy", "approx_kl",
-    "clip_frac", "behavior_weight_mean", "behavior_weight_max", "ratio_bounded", "skipped_steps",
-    "masked_actions", "actions", "action_tokens", "tokens", "groups", "steps",
-    "stale_groups", "stale_groups_total", "staleness_mean", "staleness_max", "grad_norm",
-    "lr", "tokens_per_s", "update_s", "wait_s", "commit_to_use_s",
-)  # fmt: skip
+METRIC_COLUMNS = C.LEARNER_METRICS_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -77,7 +72,7 @@ class MetricsLog:
 
     def write(self, row: dict, histograms: dict[str, tuple[np.ndarray, list[float]]]) -> None:
         update = int(row["update"])
-        table = pa.Table.from_pylist([{k: row.get(k) for k in METRIC_COLUMNS}])
+        table = pa.Table.from_pylist([{k: row.get(k) for k in METRIC_COLUMNS}], schema=C.LEARNER_METRICS_SCHEMA)
         self.store.write_parquet(table, self.store.path(LEARNER, METRICS, f"{update:08d}.parquet"), {})
         group = self._zarr()
         for name, (counts, edges) in histograms.items():

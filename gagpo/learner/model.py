@@ -31,7 +31,7 @@ def resolve_policy(spec: str, store: Store, *, poll_s: float = 2.0, echo=None) -
     if path.is_dir():
         if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
             raise GagpoError(
-                f"policy folder {spec!r} holds no Hugging Face model; accepted: a folder with "
+                f"policy folder {spec!r} is not a Hugging Face model folder; accepted: a folder with "
                 "config.json and safetensors weights, or a preset name (tiny, smollm2-135m)"
             )
         return path

@@ -44,8 +44,7 @@ DEFAULT_GAMMA = 0.95
 ESTIMATOR = "estimator"
 
 # --- learner metrics: learner/metrics/*.parquet, one row per update ------------------
-# The columns the learner writes (gagpo.learner.metrics.METRIC_COLUMNS, which imports
-# torch and so is not imported here; tests check the two agree). A column a file lacks
+# The columns the learner writes are the contract's (schemas/columns.py). A column a file lacks
 # reads as NULL; the types of the newest file win where it has a column, and columns
 # beyond these are passed through.
 LEARNER_METRICS_DIR = "metrics"
@@ -57,28 +56,8 @@ STALENESS_MAX = "staleness_max"
 BEHAVIOR_WEIGHT_MEAN = "behavior_weight_mean"
 BEHAVIOR_WEIGHT_MAX = "behavior_weight_max"
 
-_INT_METRICS = (
-    UPDATE, VERSION, "ratio_bounded", "masked_actions", "actions", "action_tokens", "tokens",
-    "groups", "steps", "stale_groups", "stale_groups_total", STALENESS_MAX,
-)  # fmt: skip
-_FLOAT_METRICS = (
-    "time", "loss", "pg_loss", "kl_ref", "entropy", "approx_kl", "clip_frac",
-    BEHAVIOR_WEIGHT_MEAN, BEHAVIOR_WEIGHT_MAX, STALENESS_MEAN, "grad_norm", "lr",
-    "tokens_per_s", "update_s", "wait_s", "commit_to_use_s",
-)  # fmt: skip
-LEARNER_METRICS_COLUMNS = (
-    "update", "version", "time", "loss", "pg_loss", "kl_ref", "entropy", "approx_kl",
-    "clip_frac", "behavior_weight_mean", "behavior_weight_max", "ratio_bounded",
-    "masked_actions", "actions", "action_tokens", "tokens", "groups", "steps",
-    "stale_groups", "stale_groups_total", "staleness_mean", "staleness_max", "grad_norm",
-    "lr", "tokens_per_s", "update_s", "wait_s", "commit_to_use_s",
-)  # fmt: skip
-LEARNER_METRICS_SCHEMA = pa.schema(
-    [
-        pa.field(name, pa.int64() if name in _INT_METRICS else pa.float64())
-        for name in LEARNER_METRICS_COLUMNS
-    ]
-)
+LEARNER_METRICS_COLUMNS = C.LEARNER_METRICS_COLUMNS
+LEARNER_METRICS_SCHEMA = C.LEARNER_METRICS_SCHEMA
 # learner/histograms.zarr/<name>: int64 [updates, bins], bin edges in attrs["edges"]
 # (bins + 1 edges, or one label per bin); one row per (name, update, bin) here.
 LEARNER_HISTOGRAMS_SCHEMA = pa.schema(

@@ -106,6 +106,27 @@ ADVANTAGES_SCHEMA = pa.schema(
 ADVANTAGES_COLUMNS = tuple(ADVANTAGES_SCHEMA.names)
 
 
+# --- learner metrics: STORE/learner/metrics/<update>.parquet, one row per update ------
+_LEARNER_INT_METRICS = (
+    "update", "version", "ratio_bounded", "skipped_steps", "masked_actions", "actions",
+    "action_tokens", "tokens", "groups", "steps", "stale_groups", "stale_groups_total",
+    "staleness_max",
+)  # fmt: skip
+LEARNER_METRICS_COLUMNS = (
+    "update", "version", "time", "loss", "pg_loss", "kl_ref", "entropy", "approx_kl",
+    "clip_frac", "behavior_weight_mean", "behavior_weight_max", "ratio_bounded", "skipped_steps",
+    "masked_actions", "actions", "action_tokens", "tokens", "groups", "steps",
+    "stale_groups", "stale_groups_total", "staleness_mean", "staleness_max", "grad_norm",
+    "lr", "tokens_per_s", "update_s", "wait_s", "commit_to_use_s",
+)  # fmt: skip
+LEARNER_METRICS_SCHEMA = pa.schema(
+    [
+        pa.field(name, pa.int64() if name in _LEARNER_INT_METRICS else pa.float64())
+        for name in LEARNER_METRICS_COLUMNS
+    ]
+)
+
+
 def schema_major(version: str) -> int:
     """Major part of a "MAJOR.MINOR" schema version string."""
     return int(version.split(".", 1)[0])
