@@ -1,0 +1,169 @@
+"""`gagpo advantages`: recompute advantages for Parquet files or for the shards of a store.
+
+The command parses and validates its options, then calls a plain function of
+`gagpo.pipeline.recompute`; Polars is imported only after parsing, so `--help` is instant.
+User errors raise GagpoError, which the CLI runner prints as one line (exit code 2).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from gagpo.pipeline.config import ESTIMATOR_NAMES, GagpoConfig, GigpoConfig, parse_estimator_config
+from gagpo.schemas.errors import GagpoError
+
+GAGPO_FAMILY = ("gagpo", "gagpo_lambda0", "gagpo_lambda1")
+
+
+def _help(model: Any, name: str) -> str:
+    info = model.model_fields[name]
+    return f"{' '.join((info.description or '').split())} [default: {info.default}]"
+
+
+def estimator_config(settings: dict[str, Any], omega: str | None) -> Any:
+    """The estimator config from TOML settings and flags; --omega is ω_E for the GAGPO
+    family and ω for GiGPO."""
+    settings = dict(settings)
+    name = settings.get("estimator") or "gagpo"
+    if omega is not None:
+        if name in GAGPO_FAMILY:
+            settings["omega_episode"] = omega
+        elif name == "gigpo":
+            settings["omega"] = omega
+        else:
+            raise GagpoError(
+                f"--omega does not apply to estimator {name}; accepted: gagpo, gagpo_lambda0, "
+                "gagpo_lambda1 (episode weight ω_E) and gigpo (step weight ω)"
+            )
+    return parse_estimator_config(settings)
+
+
+@click.command(name="advantages", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="FILE_OR_GLOB",
+    help="Parquet file(s) of steps with at least group_id, traj_id, step, state_key, "
+    "next_state_key, reward, done, truncated; repeatable. Each file is one batch.",
+)
+@click.option("--out", metavar="FILE", help="Where to write the advantages table (with --input).")
+@click.option("--store", metavar="URL", help="Store root: recompute for its committed shards.")
+@click.option("--run", "run_id", metavar="ID", help="With --store: only the shards of this run.")
+@click.option(
+    "--estimator",
+    metavar="NAME",
+    help=f"Advantage estimator; accepted: {', '.join(ESTIMATOR_NAMES)} [default: gagpo]",
+)
+@click.option("--gamma", metavar="FLOAT", help=_help(GagpoConfig, "gamma"))
+@click.option("--lam", metavar="FLOAT", help=_help(GagpoConfig, "lam") + " (gagpo only)")
+@click.option("--norm", metavar="MODE", help=_help(GagpoConfig, "norm"))
+@click.option(
+    "--omega",
+    metavar="FLOAT",
+    help="Weight of the extra term: ω_E of the episode advantage for gagpo* "
+    f"[default: {GagpoConfig.model_fields['omega_episode'].default}], ω of the step "
+    f"advantage for gigpo [default: {GigpoConfig.model_fields['omega'].default}].",
+)
+@click.option("--eps", metavar="FLOAT", help=_help(GagpoConfig, "eps"))
+@click.option(
+    "--step-std/--no-step-std", default=None, help=_help(GigpoConfig, "step_std") + " (gigpo only)"
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="TOML file: its [advantages] table (or the top level) sets estimator fields and "
+    "input/out/store/run/compression; flags override it.",
+)
+@click.option(
+    "--compression",
+    metavar="CODEC",
+    help="Parquet codec of --out: snappy, zstd, lz4 or none [default: snappy]",
+)
+@click.option("--quiet", is_flag=True, help="Print only the summary line, not the diagnostics.")
+def advantages(inputs, out, store, run_id, omega, config_file, compression, quiet, **flags) -> None:
+    """Compute GAGPO (or baseline) advantages for stored steps.
+
+    \b
+    gagpo advantages --input 'steps/*.parquet' --out adv.parquet --estimator gagpo --lam 0.9
+    gagpo advantages --store s3://bucket/store --run r1 --estimator gigpo
+
+    With --input, every file is processed on its own (a group must sit whole in one
+    file) and the tables are written together to --out, estimator name and parameters
+    in the file metadata. With --store, each committed shard gets its table under
+    advantages/<estimator_tag>/<shard_id>.parquet. Diagnostics are printed per batch
+    and summarised over groups.
+    """
+    from gagpo.schemas.config import read_toml
+
+    settings: dict[str, Any] = read_toml(config_file, section="advantages") if config_file else {}
+    inputs = list(inputs) or _as_list(settings.pop("input", None))
+    out = out or settings.pop("out", None)
+    store = store or settings.pop("store", None)
+    run_id = run_id or settings.pop("run", None)
+    compression = compression or settings.pop("compression", None) or "snappy"
+    for key in ("input", "out", "store", "run", "compression"):
+        settings.pop(key, None)
+    settings.update({key: value for key, value in flags.items() if value is not None})
+    config = estimator_config(settings, omega)
+
+    if store and (inputs or out):
+        raise GagpoError("give either --store or --input/--out, not both")
+    from gagpo.pipeline.memory import reuse_freed_memory
+
+    reuse_freed_memory()
+    if store:
+        from gagpo.pipeline.recompute import recompute_store
+
+        summary = recompute_store(store, run_id, config)
+        for path, reason in summary.quarantined:
+            click.echo(f"quarantined {path}: {reason}", err=True)
+        click.echo(
+            f"wrote {summary.shards} shard table(s), {summary.diagnostics.batch['steps']} steps, "
+            f"under {store.rstrip('/')}/advantages/{config.tag}/"
+        )
+        if not quiet:
+            click.echo(summary.diagnostics.format())
+        return
+    if run_id:
+        raise GagpoError("--run applies only with --store")
+    if not inputs or not out:
+        raise GagpoError(
+            "missing --input/--out or --store; accepted: --input FILE_OR_GLOB --out FILE, "
+            "or --store URL [--run ID]"
+        )
+    from gagpo.pipeline.recompute import recompute_files
+
+    diag = recompute_files(inputs, out, config, compression)
+    click.echo(f"wrote {diag.batch['steps']} steps to {out} ({config.tag})")
+    if not quiet:
+        click.echo(diag.format())
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def main() -> None:
+    """`python -m gagpo.pipeline.cli`: the command alone, user errors as one line, exit 2."""
+    prog = "gagpo advantages"
+    try:
+        advantages.main(prog_name=prog, standalone_mode=False)
+    except GagpoError as exc:
+        click.echo(f"{prog}: error: {exc}", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Typed configuration of the advantage stage: one model per estimator, a discriminated union.
+
+Defaults the paper does not publish (γ, λ, normalisation) are ours and configurable:
+γ = 0.95, λ = 0.8, group normalisation with the population std, no episode term.
+Adding an estimator = one config variant here + one function registered in
+`gagpo.pipeline.advantages`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import ValidationError as PydanticValidationError
+
+from gagpo.schemas.errors import GagpoError
+
+Norm = Literal["group", "batch", "none", "mean"]
+NORMS: tuple[str, ...] = ("group", "batch", "none", "mean")
+_EPS_DEFAULT = 1e-6
+
+
+class _Estimator(BaseModel):
+    """Fields every estimator has. Unknown keys are errors; docstrings document fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    gamma: float = Field(0.95, ge=0.0, le=1.0)
+    """Discount γ of the return-to-go G_t = Σ_k γ^(k-t) r_k (and of the TD residual)."""
+    norm: Norm = "group"
+    """Normalisation of the raw advantage: group (z-score over all steps of the group),
+    batch (z-score over the whole batch), mean (subtract the group mean only), none."""
+    eps: float = Field(_EPS_DEFAULT, gt=0.0, le=1.0)
+    """ε added to the population std in every z-score."""
+
+    def params(self) -> dict[str, Any]:
+        """The parameters without the estimator name (stored as JSON in file metadata)."""
+        return self.model_dump(exclude={"estimator"})
+
+    def params_json(self) -> str:
+        return json.dumps(self.params(), sort_keys=True)
+
+    @property
+    def tag(self) -> str:
+        """Folder name under `advantages/` in the store: estimator and its parameters,
+        e.g. `gagpo-gamma_0.95-norm_group-omega_episode_0.0-lam_0.8`; eps is left out
+        unless it differs from its default."""
+        parts = [self.estimator]  # type: ignore[attr-defined]
+        for name, value in self.params().items():
+            if name == "eps" and value == _EPS_DEFAULT:
+                continue
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            parts.append(f"{name}_{text}")
+        return "-".join(parts)
+
+
+class _GagpoFamily(_Estimator):
+    """Fields of GAGPO and its λ ablations."""
+
+    omega_episode: float = Field(0.0, ge=0.0, le=100.0)
+    """ω_E: weight of the GRPO episode advantage added to the normalised step advantage
+    (0 = no episode term, the GAGPO default; >0 for the paper's ablation)."""
+
+
+class GagpoConfig(_GagpoFamily):
+    """GAGPO: GAE with γ, λ over TD residuals of the grouped value proxy (DESIGN.md §4)."""
+
+    estimator: Literal["gagpo"] = "gagpo"
+    lam: float = Field(0.8, ge=0.0, le=1.0)
+    """GAE λ: 1 gives G_t − V̂(s_t) (plus the bootstrap of a truncated end), 0 one-step TD."""
+
+
+class GagpoLambda0Config(_GagpoFamily):
+    """Ablation: GAGPO with λ = 0 (the advantage is the one-step TD residual)."""
+
+    estimator: Literal["gagpo_lambda0"] = "gagpo_lambda0"
+
+    @property
+    def lam(self) -> float:
+        return 0.0
+
+    def params(self) -> dict[str, Any]:
+        return {**super().params(), "lam": self.lam}
+
+
+class GagpoLambda1Config(_GagpoFamily):
+    """Ablation: GAGPO with λ = 1 (return minus the grouped value proxy)."""
+
+    estimator: Literal["gagpo_lambda1"] = "gagpo_lambda1"
+
+    @property
+    def lam(self) -> float:
+        return 1.0
+
+    def params(self) -> dict[str, Any]:
+        return {**super().params(), "lam": self.lam}
+
+
+class GigpoConfig(_Estimator):
+    """GiGPO: episode advantage + ω · step advantage, the step advantage being G_t minus
+    the mean return of its anchor-state pool (singleton pools give 0). `norm` applies to
+    the episode term."""
+
+    estimator: Literal["gigpo"] = "gigpo"
+    omega: float = Field(1.0, ge=0.0, le=100.0)
+    """ω: weight of the step advantage."""
+    step_std: bool = True
+    """Divide the step advantage by the pool's population std (+ε); false = mean-only."""
+
+
+class GrpoConfig(_Estimator):
+    """GRPO: the episode return (undiscounted sum of rewards) normalised over the group's
+    rollouts, broadcast to every step. γ only shapes the `return` and proxy columns."""
+
+    estimator: Literal["grpo"] = "grpo"
+
+
+class RlooConfig(_Estimator):
+    """RLOO: episode return minus the mean return of the group's other rollouts,
+    broadcast to every step (0 when the group has one rollout). Unnormalised by default."""
+
+    estimator: Literal["rloo"] = "rloo"
+    norm: Norm = "none"
+    """Normalisation of the leave-one-out advantage over the group's rollouts (default none)."""
+
+
+EstimatorConfig = Annotated[
+    GagpoConfig | GagpoLambda0Config | GagpoLambda1Config | GigpoConfig | GrpoConfig | RlooConfig,
+    Field(discriminator="estimator"),
+]
+ESTIMATOR_NAMES: tuple[str, ...] = (
+    "gagpo",
+    "gagpo_lambda0",
+    "gagpo_lambda1",
+    "gigpo",
+    "grpo",
+    "rloo",
+)
+_ADAPTER: TypeAdapter[EstimatorConfig] = TypeAdapter(EstimatorConfig)
+
+
+def parse_estimator_config(data: dict[str, Any]) -> EstimatorConfig:
+    """Validate a mapping (TOML table or CLI flags, `estimator` defaults to gagpo) into its
+    config variant; a bad value becomes one GagpoError line naming the field."""
+    data = {"estimator": "gagpo", **{k: v for k, v in data.items() if v is not None}}
+    name = data["estimator"]
+    if name not in ESTIMATOR_NAMES:
+        raise GagpoError(f"unknown estimator {name!r}; accepted: {', '.join(ESTIMATOR_NAMES)}")
+    try:
+        return _ADAPTER.validate_python(data)
+    except PydanticValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"][1:]) or "estimator"
+        if first["type"] == "extra_forbidden":
+            raise GagpoError(
+                f"estimator {name} has no parameter {field!r}; accepted: {', '.join(_fields(name))}"
+            ) from None
+        raise GagpoError(
+            f"estimator parameter {field!r}: {first['msg']} (got {first.get('input')!r})"
+        ) from None
+
+
+def _fields(name: str) -> list[str]:
+    variant = {
+        "gagpo": GagpoConfig,
+        "gagpo_lambda0": GagpoLambda0Config,
+        "gagpo_lambda1": GagpoLambda1Config,
+        "gigpo": GigpoConfig,
+        "grpo": GrpoConfig,
+        "rloo": RlooConfig,
+    }[name]
+    return [f for f in variant.model_fields if f != "estimator"]

@@ -1,0 +1,201 @@
+"""Recompute advantages for Parquet files or a store's shards: what `gagpo advantages` runs.
+
+Each input file is one batch, processed on its own like a store shard (a shard holds
+whole groups), so a group whose rollouts are spread over several files is an error.
+Outputs are written under a temporary name and renamed once complete (in a store, by
+its atomic commit): a failure leaves nothing at the destination.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from gagpo.pipeline.advantages import compute_advantages
+from gagpo.pipeline.checks import check_schema
+from gagpo.pipeline.config import EstimatorConfig
+from gagpo.pipeline.diagnose import Diagnostics, diagnostics
+from gagpo.schemas import columns as C
+from gagpo.schemas.errors import GagpoError, ValidationError
+
+# --out files: snappy writes ~40 % faster than zstd for ~25 % more bytes; a table that
+# can be recomputed favours speed. The store's own files stay zstd.
+PARQUET_COMPRESSION = "snappy"
+COMPRESSIONS = ("snappy", "zstd", "lz4", "none")
+# Dictionary-encode the repeating string keys only: trying it on float columns costs
+# a third of the write time for nothing.
+DICTIONARY_COLUMNS = [C.TRAJ_ID, C.GROUP_ID, C.STATE_KEY]
+
+
+def expand_inputs(patterns: list[str]) -> list[str]:
+    """Files named by paths or glob patterns, each once, in the order given (sorted per glob)."""
+    files: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        matches = [m for m in matches if os.path.isfile(m)]
+        if not matches:
+            raise GagpoError(
+                f"--input {pattern!r} matches no file; accepted: Parquet files or a glob"
+            )
+        files.extend(m for m in matches if m not in files)
+    return files
+
+
+def _scan(path: str) -> pl.LazyFrame:
+    try:
+        schema = pl.read_parquet_schema(path)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GagpoError(f"{path}: not a readable Parquet file ({reason})") from None
+    try:
+        check_schema(schema)
+    except ValidationError as exc:
+        raise ValidationError(f"{path}: {exc}") from None
+    return pl.scan_parquet(path).select(C.ADVANTAGE_INPUT_COLUMNS)
+
+
+def check_groups_within_files(files: list[str]) -> None:
+    """A group must sit whole in one file; name the first that does not."""
+    if len(files) < 2:
+        return
+    seen = pl.concat(
+        [
+            _scan(path).select(pl.col(C.GROUP_ID).unique(), pl.lit(i, pl.Int32).alias("file"))
+            for i, path in enumerate(files)
+        ]
+    )
+    spread = (
+        seen.group_by(C.GROUP_ID)
+        .agg(pl.col("file").unique().sort())
+        .filter(pl.col("file").list.len() > 1)
+        .sort(pl.col("file").list.first(), C.GROUP_ID)
+        .head(1)
+        .collect()
+    )
+    if spread.height:
+        group, where = spread[C.GROUP_ID][0], spread["file"][0].to_list()
+        raise ValidationError(
+            f"group {group!r} is spread over {files[where[0]]} and {files[where[1]]}; "
+            "accepted: each group whole in one file (files are processed separately)"
+        )
+
+
+def advantages_of_files(files: list[str], config: EstimatorConfig) -> pl.DataFrame:
+    """The advantages table of every file, each file one batch, in file order."""
+    check_groups_within_files(files)
+    tables = []
+    for path in files:
+        try:
+            # The in-memory engine runs this plan of whole-column kernels ~15 % faster.
+            tables.append(compute_advantages(_scan(path), config).collect(engine="in-memory"))
+        except ValidationError as exc:
+            raise ValidationError(f"{path}: {_message(exc)}") from None
+    return pl.concat(tables)
+
+
+def _message(exc: Exception) -> str:
+    """The error's own line; Polars may append the expression it was raised in."""
+    return str(exc).strip().splitlines()[0]
+
+
+def advantages_metadata(config: EstimatorConfig) -> dict[bytes, bytes]:
+    """File metadata: the estimator's name and its parameters as JSON."""
+    return {
+        C.META_ESTIMATOR: config.estimator.encode(),
+        C.META_ESTIMATOR_PARAMS: config.params_json().encode(),
+    }
+
+
+def write_advantages(
+    table: pl.DataFrame,
+    path: str | Path,
+    config: EstimatorConfig,
+    compression: str = PARQUET_COMPRESSION,
+) -> None:
+    """Write an advantages table with its metadata, atomically (temporary name + rename)."""
+    if compression not in COMPRESSIONS:
+        raise GagpoError(
+            f"unknown compression {compression!r}; accepted: {', '.join(COMPRESSIONS)}"
+        )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrow = table.to_arrow().cast(C.ADVANTAGES_SCHEMA)
+    arrow = arrow.replace_schema_metadata(advantages_metadata(config))
+    temp = path.with_name(f".tmp-{uuid.uuid4().hex}-{path.name}")
+    try:
+        pq.write_table(arrow, temp, compression=compression, use_dictionary=DICTIONARY_COLUMNS)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def recompute_files(
+    patterns: list[str],
+    out: str | Path,
+    config: EstimatorConfig,
+    compression: str = PARQUET_COMPRESSION,
+) -> Diagnostics:
+    """Advantages of the input files written to `out`; returns their diagnostics."""
+    if compression not in COMPRESSIONS:
+        raise GagpoError(
+            f"unknown compression {compression!r}; accepted: {', '.join(COMPRESSIONS)}"
+        )
+    table = advantages_of_files(expand_inputs(patterns), config)
+    write_advantages(table, out, config, compression)
+    return diagnostics(table)
+
+
+@dataclass
+class StoreSummary:
+    """What `recompute_store` did: shard tables written, shards quarantined (path,
+    reason), and the diagnostics over all written steps."""
+
+    shards: int = 0
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    diagnostics: Diagnostics | None = None
+
+
+def recompute_store(url: str, run_id: str | None, config: EstimatorConfig) -> StoreSummary:
+    """Advantages of every committed shard (of `run_id`, or of all runs) of the store at
+    `url`, each committed at advantages/<config.tag>/<shard_id>.parquet.
+
+    A shard that fails validation is moved to quarantine/ with its reason (DESIGN.md §7)
+    and the others go on.
+    """
+    from gagpo.schemas.store import Store
+
+    store = Store(url)
+    refs = store.list_shards(run_id)
+    if not refs:
+        where = f"shards/run={run_id}/" if run_id else "shards/"
+        raise GagpoError(
+            f"no committed shard under {url.rstrip('/')}/{where}; accepted: a store with shards"
+        )
+    summary = StoreSummary()
+    kept: list[pl.DataFrame] = []  # the columns the diagnostics need
+    metadata = advantages_metadata(config)
+    for ref in refs:
+        try:
+            steps = store.read_shard(ref).select(list(C.ADVANTAGE_INPUT_COLUMNS))
+            frame = pl.from_arrow(steps).lazy()  # type: ignore[union-attr]
+            table = compute_advantages(frame, config).collect()
+        except ValidationError as exc:
+            store.quarantine(ref.path, _message(exc))
+            summary.quarantined.append((ref.path, _message(exc)))
+            continue
+        arrow = table.to_arrow().cast(C.ADVANTAGES_SCHEMA)
+        store.write_parquet(arrow, store.advantages_path(config.tag, ref.shard_id), metadata)
+        summary.shards += 1
+        kept.append(table.select(C.GROUP_ID, C.TRAJ_ID, C.STATE_GROUP_SIZE, C.ADVANTAGE))
+    if not kept:
+        raise GagpoError(
+            f"no valid shard under {url}: all {len(refs)} failed validation (see quarantine/)"
+        )
+    summary.diagnostics = diagnostics(pl.concat(kept))
+    return summary
