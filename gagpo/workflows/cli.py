@@ -22,6 +22,8 @@ SUBCOMMANDS = {
         "learner_command",
         "Train on shards and publish policy versions.",
     ),
+    "sql": ("gagpo.pipeline.inspect_cli", "sql_command", "Query a store with read-only SQL."),
+    "report": ("gagpo.pipeline.inspect_cli", "report_command", "Plots and a summary of a store."),
 }
 
 
