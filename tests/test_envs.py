@@ -342,3 +342,12 @@ def test_unknown_environment_is_a_gagpo_error() -> None:
 def test_bad_max_turns_is_a_gagpo_error(cls: type) -> None:
     with pytest.raises(GagpoError, match="max_turns"):
         cls(max_turns=0)
+
+
+def test_env_options_are_passed_and_unknown_ones_named():
+    from gagpo.actors.envs import make_env
+
+    env = make_env("sokoban", 5, max_boxes=1)
+    assert env.max_turns == 5
+    with pytest.raises(GagpoError, match="takes no option 'colour'; accepted: sizes, max_boxes"):
+        make_env("sokoban", 5, colour="red")

@@ -86,7 +86,7 @@ def run_actor(config: ActorConfig, *, progress=None) -> ActorSummary:
     """Roll out `config.groups` groups (or until stopped with `follow`) into the store."""
     store = Store(config.store)
     store.ensure_writable()
-    env_factory = partial(make_env, config.env, config.max_turns)
+    env_factory = partial(make_env, config.env, config.max_turns, **config.env_options)
     env_factory()  # unknown environment -> GagpoError before any model is loaded
     run_id = config.run_id or new_id()
     summary = ActorSummary(run_id=run_id)

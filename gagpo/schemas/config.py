@@ -48,6 +48,9 @@ class ActorConfig(Config):
     """Store root: a local path or an fsspec URL (s3://bucket/prefix, file:///...)."""
     env: str = "household"
     """Environment name (see `gagpo-actors --help` for the list)."""
+    env_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options of the environment, e.g. {challenge = "tw-cooking"} for textworld
+    or {data_dir = "/data/alfworld"} for alfworld (TOML table [actors.env_options])."""
     policy: str = "tiny"
     """Base policy (version 0): a preset name (tiny, smollm2-135m) or a Hugging Face model folder."""
     groups: int = Field(4, ge=1, le=10_000_000)

@@ -7,6 +7,8 @@ importing the registry stays fast and works without the optional extras.
 
 from __future__ import annotations
 
+import inspect
+
 from gagpo.actors.envs.alfworld_env import ALFWorld
 from gagpo.actors.envs.base import Environment
 from gagpo.actors.envs.household import Household
@@ -22,11 +24,18 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
 }
 
 
-def make_env(name: str, max_turns: int) -> Environment:
-    """A fresh environment `name` that truncates episodes after `max_turns` turns."""
+def make_env(name: str, max_turns: int, **options: object) -> Environment:
+    """A fresh environment `name` that truncates episodes after `max_turns` turns;
+    `options` are the environment's own keyword arguments."""
     try:
         cls = ENVIRONMENTS[name]
     except KeyError:
         accepted = ", ".join(sorted(ENVIRONMENTS))
         raise GagpoError(f"unknown environment {name!r}; accepted: {accepted}") from None
-    return cls(max_turns=max_turns)  # type: ignore[call-arg]
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "max_turns")]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise GagpoError(
+            f"environment {name!r} takes no option {unknown[0]!r}; accepted: {', '.join(accepted) or 'none'}"
+        )
+    return cls(max_turns=max_turns, **options)  # type: ignore[call-arg]
