@@ -1,8 +1,9 @@
 """A straightforward per-group Python implementation of every estimator.
 
 It reads like DESIGN.md §4: loop over groups, over rollouts, backwards over steps, with
-plain floats and dicts. It is the oracle the tests compare `compute_advantages` with
-and the baseline the benchmark measures it against; nothing else should call it.
+plain floats and dicts. It is the oracle the tests compare `compute_advantages` with and
+the baseline the benchmark measures it against; it does not validate its input and is
+not meant for production use.
 """
 
 from __future__ import annotations
