@@ -5,7 +5,7 @@ Runs `gagpo-actors`' loop in-process on a temporary store and reports, side by s
 - the share of actor wall time spent writing shards;
 - steps/s per (environment, policy).
 
-    python benchmarks/bench_actors.py                       # tiny on both built-in envs + smollm2 on household
+    python benchmarks/bench_actors.py                       # tiny on all four envs + smollm2 on household
     python benchmarks/bench_actors.py --policies tiny --groups 8
 """
 
@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 import polars as pl
 
 from gagpo.actors.actor import run_actor
+from gagpo.actors.envs import make_env
 from gagpo.schemas.config import ActorConfig, SamplingConfig
 from gagpo.schemas.store import Store
 
@@ -38,7 +39,13 @@ def jsonl_bytes(store: Store) -> tuple[int, int, int]:
     return parquet, json_total, rows
 
 
-def bench(env: str, policy: str, groups: int, group_size: int, max_turns: int) -> dict:
+def bench(
+    env: str, policy: str, groups: int, group_size: int, max_turns: int, threads: int
+) -> dict:
+    # Generated games (textworld, alfworld) are built once and cached: build them before
+    # timing, so that steps/s is the steady state an actor sees.
+    for k in range(groups):
+        make_env(env, max_turns).reset(1 + k)
     with tempfile.TemporaryDirectory() as tmp:
         config = ActorConfig(
             store=tmp,
@@ -56,6 +63,7 @@ def bench(env: str, policy: str, groups: int, group_size: int, max_turns: int) -
     return {
         "env": env,
         "policy": policy,
+        "threads": threads,
         "steps": summary.steps,
         "steps_per_s": summary.steps_per_second,
         "write_share": summary.seconds_write / summary.seconds_total,
@@ -69,26 +77,25 @@ def bench(env: str, policy: str, groups: int, group_size: int, max_turns: int) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", default="tiny,smollm2-135m")
-    parser.add_argument("--envs", default="sokoban,household")
+    parser.add_argument("--envs", default="sokoban,household,textworld,alfworld")
     parser.add_argument("--groups", type=int, default=6)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-turns", type=int, default=15)
     parser.add_argument("--smollm2-groups", type=int, default=1)
+    parser.add_argument(
+        "--threads", default="1", help="comma-separated torch thread counts to compare"
+    )
     args = parser.parse_args()
 
     results = []
     for policy in args.policies.split(","):
         for env in args.envs.split(","):
+            if policy != "tiny" and env != "household":
+                continue  # the real model is measured on one environment: it dominates the time
             groups = args.smollm2_groups if policy != "tiny" else args.groups
-            results.append(bench(env, policy, groups, args.group_size, args.max_turns))
-            r = results[-1]
-            print(
-                f"{r['env']:<10} {r['policy']:<14} steps {r['steps']:>5}  {r['steps_per_s']:8.1f} steps/s  "
-                f"write {r['write_share']:6.2%}  generate {r['generate_share']:6.1%}  "
-                f"bytes/step parquet {r['parquet_bytes_per_step']:7.0f} vs jsonl "
-                f"{r['jsonl_bytes_per_step']:7.0f} ({r['jsonl_bytes_per_step'] / r['parquet_bytes_per_step']:.1f}x smaller)",
-                flush=True,
-            )
+            for threads in (int(t) for t in args.threads.split(",")):
+                results.append(bench(env, policy, groups, args.group_size, args.max_turns, threads))
+                report(results[-1])
     print(
         json.dumps(
             {
@@ -98,6 +105,17 @@ def main() -> None:
             },
             indent=1,
         )
+    )
+
+
+def report(r: dict) -> None:
+    print(
+        f"{r['env']:<10} {r['policy']:<14} threads {r['threads']}  steps {r['steps']:>5}  "
+        f"{r['steps_per_s']:8.1f} steps/s  write {r['write_share']:6.2%}  "
+        f"generate {r['generate_share']:6.1%}  bytes/step parquet {r['parquet_bytes_per_step']:7.0f} "
+        f"vs jsonl {r['jsonl_bytes_per_step']:7.0f} "
+        f"({r['jsonl_bytes_per_step'] / r['parquet_bytes_per_step']:.1f}x smaller)",
+        flush=True,
     )
 
 

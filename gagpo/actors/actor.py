@@ -91,6 +91,10 @@ def run_actor(config: ActorConfig, *, progress=None) -> ActorSummary:
     run_id = config.run_id or new_id()
     summary = ActorSummary(run_id=run_id)
 
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
     policy = load_policy(config.policy, version=0, sampling=config.sampling, device=config.device)
     # Version 0 lives in the store too: learners start from exactly these weights.
     store.publish_base_policy(str(policy.model_dir))

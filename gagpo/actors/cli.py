@@ -73,6 +73,7 @@ def _print_summary(summary, store_url: str) -> None:
 @click.option("--groups-per-shard", type=int, help=field_help(ActorConfig, "groups_per_shard"))
 @click.option("--history-window", type=int, help=field_help(ActorConfig, "history_window"))
 @click.option("--device", help=field_help(ActorConfig, "device"))
+@click.option("--threads", type=int, help=field_help(ActorConfig, "threads"))
 @click.option("--temperature", type=float, help=field_help(SamplingConfig, "temperature"))
 @click.option("--max-new-tokens", type=int, help=field_help(SamplingConfig, "max_new_tokens"))
 @click.option("--batch-size", type=int, help=field_help(SamplingConfig, "batch_size"))

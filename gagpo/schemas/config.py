@@ -71,6 +71,9 @@ class ActorConfig(Config):
     """Earlier (observation, reply) turns kept in the prompt."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """Where the policy runs: auto, cpu, cuda or cuda:N."""
+    threads: int = Field(1, ge=0, le=1024)
+    """CPU threads for the policy's tensor work. 1 suits small models and machines shared by
+    several processes (more threads thrash there); 0 keeps torch's default, one per core."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Sampling parameters of the policy."""
 

@@ -32,7 +32,9 @@ def make_env(name: str, max_turns: int, **options: object) -> Environment:
     except KeyError:
         accepted = ", ".join(sorted(ENVIRONMENTS))
         raise GagpoError(f"unknown environment {name!r}; accepted: {accepted}") from None
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "max_turns")]
+    accepted = [
+        p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "max_turns")
+    ]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise GagpoError(
