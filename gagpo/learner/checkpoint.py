@@ -10,7 +10,10 @@
     learner/checkpoints/LATEST      the newest complete checkpoint's update number
 
 Written with the folder protocol of `publish.py` (files, then `.complete`, then LATEST),
-so a kill at any instant leaves the previous checkpoint in force.
+so a kill at any instant leaves the previous checkpoint in force. Under FSDP the files
+hold the gathered whole model (the same tensors as unsharded) and the whole optimiser
+state keyed by parameter name rather than index; every rank takes part in the gather,
+rank 0 alone writes, and every rank reads the files back and keeps its shards.
 """
 
 from __future__ import annotations
@@ -26,8 +29,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
+from gagpo.learner.dist import (
+    full_model_state,
+    full_optimizer_state,
+    is_sharded,
+    load_full_state,
+    tied_weights,
+)
 from gagpo.learner.feed import Ledger
 from gagpo.learner.publish import is_complete, put_folder, remove_folder
 from gagpo.schemas.errors import GagpoError
@@ -56,14 +66,28 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(
-    store: Store, *, update: int, version: int, model, optimizer, scheduler, ledger: Ledger,
-    keep: int,
-) -> str:
+    store: Store, *, update: int, version: int, model, optimizer, scheduler,
+    ledger: Ledger | None, keep: int, main: bool = True,
+) -> str | None:
+    """Write checkpoint `update`. A sharded model is gathered first, a collective: every
+    rank calls this, and only `main` (with the ledger) writes."""
+    sharded = is_sharded(model)
+    if sharded:
+        model_state = full_model_state(model)
+        optimizer_state = full_optimizer_state(model, optimizer)
+    if not main:
+        return None
     remote = checkpoint_dir(store, update)
     with tempfile.TemporaryDirectory(prefix="gagpo-ckpt-") as tmp:
         folder = Path(tmp)
-        save_model(model, str(folder / "model.safetensors"))
-        trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        if sharded:  # one name per tied pair, the one save_model keeps (sorted first)
+            dropped = {max(pair) for pair in tied_weights(model).items()}
+            save_file({k: v.contiguous() for k, v in model_state.items() if k not in dropped},
+                      str(folder / "model.safetensors"))  # fmt: skip
+        else:
+            save_model(model, str(folder / "model.safetensors"))
+            optimizer_state = optimizer.state_dict()
+        trainer = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                    "rng": rng_state()}
         torch.save(trainer, folder / "trainer.pt")
         pq.write_table(ledger.table(), folder / "ledger.parquet")
@@ -95,17 +119,46 @@ class Checkpoint:
     folder: str  # local folder holding the files
 
     def restore(self, model, optimizer, scheduler) -> None:
-        missing, unexpected = load_model(model, str(Path(self.folder) / "model.safetensors"),
-                                         strict=False)
+        """Load every state; sharded, a collective (every rank calls it). A checkpoint of
+        either `parallel` mode resumes in either."""
+        weights = str(Path(self.folder) / "model.safetensors")
+        trainer = torch.load(Path(self.folder) / "trainer.pt", weights_only=True)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]  # optimiser order
+        if is_sharded(model):
+            state = load_file(weights)
+            for pair in tied_weights(model).items():  # the file holds one name of each
+                for a, b in (pair, pair[::-1]):
+                    if a in state:
+                        state.setdefault(b, state[a])
+            optimizer_state = rekey_optimizer_state(trainer["optimizer"], names, by_name=True)
+            missing, unexpected = load_full_state(model, optimizer, state, optimizer_state)
+        else:
+            missing, unexpected = load_model(model, weights, strict=False)
         if unexpected or [k for k in missing if not _is_tied(model, k)]:
             raise GagpoError(
                 f"checkpoint {self.folder} does not match the model (missing {sorted(missing)[:3]}, "
                 f"unexpected {sorted(unexpected)[:3]}); accepted: a checkpoint of the same policy"
             )
-        trainer = torch.load(Path(self.folder) / "trainer.pt", weights_only=True)
-        optimizer.load_state_dict(trainer["optimizer"])
+        if not is_sharded(model):
+            optimizer_state = rekey_optimizer_state(trainer["optimizer"], names, by_name=False)
+            optimizer.load_state_dict(optimizer_state)
         scheduler.load_state_dict(trainer["scheduler"])
         set_rng_state(trainer["rng"])
+
+
+def rekey_optimizer_state(state: dict, names: list[str], *, by_name: bool) -> dict:
+    """An optimiser state keyed by parameter name (FSDP's whole form) or by index
+    (`optimizer.state_dict()`), whichever it is, keyed the other way if asked; `names`
+    are the trainable parameters' names in the optimiser's order."""
+    index = {name: i for i, name in enumerate(names)}
+
+    def key(k: int | str) -> int | str:
+        if by_name:
+            return names[k] if isinstance(k, int) else k
+        return index[k] if isinstance(k, str) else k
+
+    groups = [{**g, "params": [key(p) for p in g["params"]]} for g in state["param_groups"]]
+    return {"state": {key(k): v for k, v in state["state"].items()}, "param_groups": groups}
 
 
 def _is_tied(model, key: str) -> bool:

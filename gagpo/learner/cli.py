@@ -49,6 +49,7 @@ L = LearnerConfig
 @click.option("--keep-versions", type=int, help=field_help(L, "keep_versions"))
 @click.option("--checkpoint-every", type=int, help=field_help(L, "checkpoint_every"))
 @click.option("--device", help=field_help(L, "device"))
+@click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), help=field_help(L, "parallel"))
 @click.option("--seed", type=int, help=field_help(L, "seed"))
 @click.option("--poll-interval", "poll_interval_s", type=float, help=field_help(L, "poll_interval_s"))
 @click.option("--idle-timeout", "idle_timeout_s", type=float, help=field_help(L, "idle_timeout_s"))
@@ -63,7 +64,7 @@ def learner_command(config_file, quiet, estimator, bypass, behavior_cap, kl_coef
     recorded in STORE/learner/ledger.parquet), computes their advantages, makes the
     optimiser step(s) and publishes the next version to STORE/policy/v<N>/, then points
     STORE/policy/LATEST at it. Metrics go to STORE/learner/metrics/ and histograms.zarr.
-    Several processes: torchrun --nproc-per-node N -m gagpo.learner.cli ...
+    Several processes: torchrun --nproc-per-node N -m gagpo.learner.cli ... [--parallel fsdp]
     """
     from gagpo.schemas.config import load_config
 

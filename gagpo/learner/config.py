@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gagpo.pipeline.config import EstimatorConfig, GagpoConfig
 from gagpo.schemas.config import Config
@@ -104,6 +104,10 @@ class LearnerConfig(Config):
     """Checkpoints kept in learner/checkpoints/."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """Where to train: auto, cpu, cuda or cuda:N (under torchrun each process takes its local rank's GPU)."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """Under torchrun: ddp keeps a whole model per process and sums gradients with one
+    all-reduce per step; fsdp shards parameters, gradients and optimiser state (FSDP2, one
+    unit per decoder layer) for models too big for one device. One process: no difference."""
     seed: int = Field(0, ge=0, le=2**62)
     """Seed of torch's generators (LoRA initialisation, dropout)."""
     poll_interval_s: float = Field(2.0, gt=0.0, le=3600.0)
@@ -136,3 +140,12 @@ class LearnerConfig(Config):
                 f"must not exceed batch_groups ({groups}): each optimiser step needs a group"
             )
         return value
+
+    @model_validator(mode="after")
+    def _fsdp_without_lora(self) -> LearnerConfig:
+        if self.parallel == "fsdp" and self.lora.enabled:
+            raise ValueError(
+                "parallel = fsdp does not support LoRA adapters yet; accepted: parallel = ddp "
+                "with lora (the frozen base is not sharded), or fsdp with full fine-tuning"
+            )
+        return self

@@ -2,8 +2,13 @@
 
 Rank 0 alone talks to the store (feed, ledger, metrics, checkpoints, publication) and
 broadcasts each batch as Arrow IPC bytes (no pickling). Every rank scores its share of
-the micro-batches; gradients are summed with one all-reduce per optimiser step — the
-same arithmetic as DDP, without requiring equal micro-batch counts per rank.
+the micro-batches. With `parallel = "ddp"`, every rank holds the whole model and the
+gradients are summed with one all-reduce per optimiser step — the same arithmetic as DDP,
+without requiring equal micro-batch counts per rank. With `parallel = "fsdp"`, FSDP2
+(`fully_shard`) shards parameters, gradients and optimiser state: one unit per decoder
+layer plus the root. Its collectives run in every forward and backward, so the ranks pad
+their micro-batch lists to equal length (see `train.run_update`), and whole state dicts
+are gathered by all ranks together before rank 0 writes them.
 """
 
 from __future__ import annotations
@@ -94,6 +99,98 @@ def all_reduce_grads(params: list[torch.nn.Parameter], d: Dist) -> None:
         n = g.numel()
         p.grad = flat[offset : offset + n].view_as(p).clone()
         offset += n
+
+
+def shard_model(model: torch.nn.Module) -> None:
+    """FSDP2 in place: each decoder layer (the model's `_no_split_modules`) is one unit,
+    the root holds the rest (embeddings, final norm, head)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    kinds = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in kinds]
+    if not layers:
+        raise GagpoError(
+            f"{type(model).__name__} names no decoder layer class (_no_split_modules); "
+            "accepted with fsdp: Hugging Face causal LMs (Llama, Qwen, ...), or parallel = ddp"
+        )
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):
+            # Sum, not average: each rank's loss already carries its global weight, as
+            # in `all_reduce_grads`. Plain SUM because gloo has no PREMUL_SUM.
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def clip_grads(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip to the global gradient norm and return it (a plain tensor, also under FSDP)."""
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Gathered whole onto CPU; with a process group, only rank 0 keeps the tensors.
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def tied_weights(model: torch.nn.Module) -> dict[str, str]:
+    """{tied name: source name} as transformers declares them (lm_head ← embed_tokens)."""
+    tied = getattr(model, "_tied_weights_keys", None)
+    return dict(tied) if isinstance(tied, dict) else {}
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer as a whole tensor, as `model.state_dict()` gives them.
+
+    Sharded, this is a collective: every rank calls it; rank 0 gets the tensors (on CPU),
+    the others an empty dict. Tied weights come back as one tensor under both names, so
+    `save_pretrained` writes the same files as for an unsharded model."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_full_options())
+    for name, source in tied_weights(model).items():
+        if name in state and source in state:
+            state[name] = state[source]
+    return state
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """`optimizer.state_dict()`; sharded, the gathered whole state keyed by parameter name
+    (a collective, rank 0 gets it)."""
+    if not is_sharded(model):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_full_options())
+
+
+def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict):
+    """Sharded counterpart of `load_state_dict` for both: every rank passes the whole
+    state and keeps its shards. Returns the model's (missing, unexpected) keys."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    keys = set_model_state_dict(model, model_state, options=options)
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+    return keys.missing_keys, keys.unexpected_keys
 
 
 def all_reduce(values: torch.Tensor, d: Dist, op: str = "sum") -> torch.Tensor:

@@ -90,10 +90,19 @@ def prune_versions(store: Store, keep: int) -> list[int]:
     return doomed
 
 
-def publish_version(store: Store, model, base_dir: Path, version: int, keep: int, lora=None) -> str:
-    """Write policy `version` (HF format), then point LATEST at it, then prune to `keep`."""
+def publish_version(
+    store: Store, model, base_dir: Path, version: int, keep: int, lora=None, *, main: bool = True
+) -> str | None:
+    """Write policy `version` (HF format), then point LATEST at it, then prune to `keep`.
+
+    A sharded (FSDP) model is gathered first, a collective: every rank calls this and
+    only `main` writes; the files are the same as an unsharded model's."""
+    from gagpo.learner.dist import full_model_state, is_sharded
     from gagpo.learner.model import lora_modules, merged_state_dict
 
+    state = full_model_state(model) if is_sharded(model) else None  # FSDP: no LoRA (config)
+    if not main:
+        return None
     remote = store.policy_dir(version)
     with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
         folder = Path(tmp)
@@ -103,7 +112,7 @@ def publish_version(store: Store, model, base_dir: Path, version: int, keep: int
         elif lora_modules(model):
             model.save_pretrained(folder, state_dict=merged_state_dict(model))
         else:
-            model.save_pretrained(folder)
+            model.save_pretrained(folder, state_dict=state)  # None: the model's own
         put_folder(store, folder, remote, phase="publish")
     store.set_latest(version)
     prune_versions(store, keep)

@@ -7,6 +7,9 @@ own forward pass (detached) and only later slices need a separate no-grad pass; 
 dropout active, every slice gets the separate pass. Micro-batches accumulate gradients;
 each carries its share of the loss denominator so the sum is the loss of the slice.
 
+Under FSDP every forward and backward is a collective, so each rank pads its share of a
+slice's micro-batches to the same count with passes whose loss is multiplied by zero.
+
 Per update, in this order: ledger → metrics → checkpoint (every M) → publication. A
 checkpoint therefore never names an unpublished version for long: on resume, a version
 checkpointed but not yet published is published first; see `start_state`.
@@ -32,8 +35,11 @@ from gagpo.learner.dist import (
     all_reduce,
     all_reduce_grads,
     broadcast_table,
+    clip_grads,
     close_dist,
     init_dist,
+    is_sharded,
+    shard_model,
 )
 from gagpo.learner.feed import BATCH_COLUMNS, Batch, Feed, Ledger, pipeline_advantages
 from gagpo.learner.loss import gagpo_loss
@@ -87,11 +93,15 @@ def run_update(
     loss_cfg = cfg.loss.to_loss_config()
     max_pos = getattr(model.config, "max_position_embeddings", 1 << 20)
     token_mean = loss_cfg.aggregation == "token_mean"
-    plans = [
-        [mb.to(d.device) for mb in plan(part, version=version, pad_id=pad_id, max_positions=max_pos,
-                                        budget=cfg.micro_batch_tokens, token_mean=token_mean)[d.rank :: d.world]]
-        for part in _slices(table, cfg.mini_batches)
-    ]  # fmt: skip
+    sharded = is_sharded(model)
+    plans, real = [], []  # this rank's micro-batches per slice; how many are not padding
+    for part in _slices(table, cfg.mini_batches):
+        mbs = plan(part, version=version, pad_id=pad_id, max_positions=max_pos,
+                   budget=cfg.micro_batch_tokens, token_mean=token_mean)  # fmt: skip
+        mine = mbs[d.rank :: d.world]
+        padding = -(-len(mbs) // d.world) - len(mine) if sharded else 0
+        plans.append([mb.to(d.device) for mb in mine + mbs[:1] * padding])
+        real.append(len(mine))
     prox: dict[tuple[int, int], torch.Tensor] = {}
     if not loss_cfg.bypass:
         separate_first = has_dropout(model)
@@ -101,6 +111,8 @@ def run_update(
                 for j, mb in enumerate(mbs):
                     if k > 0 or separate_first:
                         prox[k, j] = action_logprobs(model, mb, cfg.temperature)[0]
+        if sharded:  # FSDP2 keeps the root unsharded after a forward, for the backward that
+            model.reshard()  # would follow; left so, its gradients were lost (measured)
         model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     sums = dict.fromkeys(_WEIGHTED + _PER_ACTION + _COUNTS, 0.0) | {"valid": 0.0}
@@ -119,13 +131,16 @@ def run_update(
                     logp_ref = action_logprobs(ref_model, mb, cfg.temperature)[0]
             loss, m = gagpo_loss(logp, logp_prox, mb.logp_behav, mb.action_mask, mb.advantages,
                                  loss_cfg, logp_ref=logp_ref, entropy=entropy)  # fmt: skip
+            if j >= real[k]:  # FSDP padding: the collectives run, the gradient is zero
+                (loss * 0.0).backward()
+                continue
             (loss * mb.weight).backward()
             _accumulate(sums, hist, m, mb, logp.detach(), logp_prox, loss_cfg)
             w_max = torch.maximum(w_max, torch.tensor([m["behavior_weight_max"]]))
         faults.fault_point("backward")  # test hook: a kill here is a kill mid-update
-        all_reduce_grads(params, d)
-        clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        if not sharded:  # FSDP summed them in the backward pass (reduce-scatter)
+            all_reduce_grads(params, d)
+        norm = clip_grads(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         if torch.isfinite(norm):  # a non-finite gradient never reaches AdamW: the step is skipped
             optimizer.step()
         scheduler.step()
@@ -206,8 +221,8 @@ def start_state(store: Store, cfg: LearnerConfig, model, optimizer, scheduler, d
         for path in store.fs.glob(store.path(LEARNER, "metrics", "*.parquet")):
             if int(path.rsplit("/", 1)[-1].split(".")[0]) > ckpt.update:
                 store.fs.rm_file(path)
-        if latest < ckpt.version:  # killed between checkpoint and publication
-            publish(ckpt.version)
+    if latest < ckpt.version:  # killed between checkpoint and publication (all ranks: FSDP gathers)
+        publish(ckpt.version)
     return ckpt.update, max(ckpt.version, latest), ckpt.ledger
 
 
@@ -261,6 +276,7 @@ class Parts:
     """What the loop works with, built once from the config."""
 
     cfg: LearnerConfig
+    dist: Dist
     store: Store
     base_dir: object
     model: torch.nn.Module
@@ -286,23 +302,29 @@ class Parts:
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.train()
+        if cfg.parallel == "fsdp" and d.world > 1:
+            shard_model(model)  # before the optimiser: it must hold the sharded parameters
         ref = (
             load_model(base_dir, d.device).eval().requires_grad_(False)
             if cfg.loss.kl_coef
             else None
         )
-        return cls(cfg, store, base_dir, model, *make_optimizer(model, cfg), ref)
+        return cls(cfg, d, store, base_dir, model, *make_optimizer(model, cfg), ref)
 
+    # Called by every rank: a sharded model is gathered by all; rank 0 alone writes.
     def publish(self, version: int) -> None:
+        if not (self.dist.main or is_sharded(self.model)):
+            return
         lora = self.cfg.lora if self.cfg.lora.enabled else None
-        publish_version(
-            self.store, self.model, self.base_dir, version, self.cfg.keep_versions, lora
-        )
+        publish_version(self.store, self.model, self.base_dir, version, self.cfg.keep_versions,
+                        lora, main=self.dist.main)  # fmt: skip
 
-    def checkpoint(self, update: int, version: int, ledger: Ledger) -> None:
+    def checkpoint(self, update: int, version: int, ledger: Ledger | None) -> None:
+        if not (self.dist.main or is_sharded(self.model)):
+            return
         save_checkpoint(self.store, update=update, version=version, model=self.model,
                         optimizer=self.optimizer, scheduler=self.scheduler, ledger=ledger,
-                        keep=self.cfg.keep_checkpoints)  # fmt: skip
+                        keep=self.cfg.keep_checkpoints, main=self.dist.main)  # fmt: skip
 
 
 def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
@@ -328,19 +350,20 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
                                   d=d, pad_id=pad_id, ref_model=p.ref_model)  # fmt: skip
         stats["lr"] = p.scheduler.get_last_lr()[0]
         update, version = update + 1, version + 1
-        if d.main:  # ledger → metrics → checkpoint → publication (see the module docstring)
+        # ledger → metrics → checkpoint → publication (see the module docstring)
+        if d.main:
             feed.commit(batch, update, version - 1)
             log.write(metrics_row(update, version, batch, stats, feed, t_wait, t0, time.time()),
                       histograms(hists, batch, version - 1, cfg.max_staleness))  # fmt: skip
-            if update % cfg.checkpoint_every == 0 or update == cfg.updates:
-                p.checkpoint(update, version, feed.ledger)
-                checkpointed = update
-            p.publish(version)
             summary.groups += len(batch.groups)
+        if update % cfg.checkpoint_every == 0 or update == cfg.updates:
+            p.checkpoint(update, version, feed.ledger if d.main else None)
+            checkpointed = update
+        p.publish(version)
         summary.tokens += stats["tokens"]
+    if checkpointed != update:
+        p.checkpoint(update, version, feed.ledger if d.main else None)
     if d.main:
-        if checkpointed != update:
-            p.checkpoint(update, version, feed.ledger)
         summary.stale_groups, summary.rejected_shards = (
             feed.stats.groups_stale,
             feed.stats.shards_rejected,

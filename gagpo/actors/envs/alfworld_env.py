@@ -36,6 +36,7 @@ from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
 from gagpo.actors.envs.external import (
     PIP_ALFWORLD,
     cache_root,
+    end_turn,
     match_command,
     require,
     write_json_atomic,
@@ -313,17 +314,8 @@ class ALFWorld:
             reward = 1.0 if done else 0.0
             self._observe(state)
             observation = state.feedback.strip()
-        truncated = not done and self._turn >= self.max_turns
-        self._over = done or truncated
-        return Transition(
-            observation=observation,
-            state_key=before,
-            next_state_key=None if done else self._state_key,
-            reward=reward,
-            done=done,
-            truncated=truncated,
-            action_valid=valid,
-            admissible=() if done else self._admissible,
+        return end_turn(
+            self, observation=observation, before=before, reward=reward, done=done, valid=valid
         )
 
     def close(self) -> None:

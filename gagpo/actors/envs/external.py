@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from gagpo.actors.envs.base import Transition
 from gagpo.actors.envs.parse import normalise_command
 from gagpo.schemas.errors import GagpoError
 
@@ -83,3 +84,22 @@ def clean_feedback(text: str) -> str:
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines)
+
+
+def end_turn(
+    env: Any, *, observation: str, before: str, reward: float, done: bool, valid: bool
+) -> Transition:
+    """The transition of a turn of an engine-backed environment (textworld, alfworld):
+    truncation at the turn limit, no next state or admissible actions after a terminal."""
+    truncated = not done and env._turn >= env.max_turns
+    env._over = done or truncated
+    return Transition(
+        observation=observation,
+        state_key=before,
+        next_state_key=None if done else env._state_key,
+        reward=reward,
+        done=done,
+        truncated=truncated,
+        action_valid=valid,
+        admissible=() if done else env._admissible,
+    )

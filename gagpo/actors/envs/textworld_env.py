@@ -38,6 +38,7 @@ from gagpo.actors.envs.external import (
     PIP_TEXTWORLD,
     cache_root,
     clean_feedback,
+    end_turn,
     match_command,
     require,
     write_json_atomic,
@@ -291,17 +292,8 @@ class TextWorld:
             done = bool(state["won"] or state["lost"])
             self._observe(state)
             observation = _observation(state.feedback) or NOTHING_HAPPENS
-        truncated = not done and self._turn >= self.max_turns
-        self._over = done or truncated
-        return Transition(
-            observation=observation,
-            state_key=before,
-            next_state_key=None if done else self._state_key,
-            reward=reward,
-            done=done,
-            truncated=truncated,
-            action_valid=valid,
-            admissible=() if done else self._admissible,
+        return end_turn(
+            self, observation=observation, before=before, reward=reward, done=done, valid=valid
         )
 
     def close(self) -> None:
