@@ -241,3 +241,17 @@ def test_unwritable_store_and_bad_config_file(tmp_path: Path):
     assert result.returncode == 2 and "config field 'group_size'" in result.stderr
     result = run_actors("--config", str(tmp_path / "missing.toml"), "--store", str(tmp_path / "s"))
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_actor_keeps_its_policy_when_latest_was_pruned(store_dir: Path):
+    """LATEST names a version whose folder is gone (pruned before a slow actor read it)."""
+    from types import SimpleNamespace
+
+    from gagpo.actors.actor import _newest_policy
+    from gagpo.schemas.config import ActorConfig
+
+    store = Store(str(store_dir))
+    store.set_latest(5)
+    held = SimpleNamespace(version=0)
+    config = ActorConfig(store=str(store_dir), env="sokoban")
+    assert _newest_policy(store, held, config) is held

@@ -21,6 +21,7 @@ from gagpo.actors.policies.presets import load_policy
 from gagpo.actors.rollout import GroupResult, rollout_group
 from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
+from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import ShardRef, Store, new_id
 
 
@@ -106,12 +107,7 @@ def run_actor(config: ActorConfig, *, progress=None) -> ActorSummary:
     try:
         k = 0
         while (config.follow or k < config.groups) and not stop.stop:
-            latest = store.latest_version()
-            if latest is not None and latest != policy.version:
-                local = store.fetch_policy(latest, policy_cache_dir())
-                policy = load_policy(
-                    local, version=latest, sampling=config.sampling, device=config.device
-                )
+            policy = _newest_policy(store, policy, config)
             result = rollout_group(
                 env_factory,
                 policy,
@@ -140,6 +136,27 @@ def run_actor(config: ActorConfig, *, progress=None) -> ActorSummary:
             signal.signal(sig, handler)
     summary.seconds_total = time.perf_counter() - start
     return summary
+
+
+def _newest_policy(store: Store, policy, config: ActorConfig):
+    """The policy named by LATEST, loaded when newer than `policy`; the one held otherwise.
+
+    A slow actor can find the version it read from LATEST already pruned by the learner
+    (it keeps K versions): it then reads LATEST again rather than failing.
+    """
+    for _ in range(3):
+        latest = store.latest_version()
+        if latest is None or latest == policy.version:
+            return policy
+        try:
+            local = store.fetch_policy(latest, policy_cache_dir())
+            return load_policy(
+                local, version=latest, sampling=config.sampling, device=config.device
+            )
+        except (FileNotFoundError, GagpoError):
+            if store.has_policy(latest):
+                raise  # the version is there: a real problem, not a race with pruning
+    return policy
 
 
 def _commit(
