@@ -57,7 +57,9 @@ def build_model(folder: Path, vocab: int, hidden: int, layers: int) -> Path:
     return folder
 
 
-def batch_table(groups: int, vocab: int, seed: int, prompt: tuple[int, int], action: tuple[int, int]) -> pa.Table:
+def batch_table(
+    groups: int, vocab: int, seed: int, prompt: tuple[int, int], action: tuple[int, int]
+) -> pa.Table:
     """BATCH_COLUMNS of `groups` groups (G = 8, rollouts of 2..9 turns) with random tokens."""
     steps = make_steps(shard_id=f"b{seed}", groups=groups, group_size=8, lengths=list(range(2, 10)))
     rng = np.random.default_rng(seed)
@@ -78,8 +80,12 @@ def bare_step(model, micro_batches, naive: bool) -> int:
     """Forward+backward of the same micro-batches with a plain log-likelihood loss."""
     for mb in micro_batches:
         if naive:  # logits for every position, the textbook way
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                           position_ids=mb.position_ids, use_cache=False).logits
+            logits = model(
+                input_ids=mb.input_ids,
+                attention_mask=mb.attention_mask,
+                position_ids=mb.position_ids,
+                use_cache=False,
+            ).logits
             logp = logits[:, -mb.action_len - 1 : -1].float().log_softmax(-1)
             logp = logp.gather(-1, mb.input_ids[:, -mb.action_len :, None]).squeeze(-1)
         else:
@@ -96,9 +102,18 @@ def bench_throughput(args, folder: Path) -> dict:
                         batch_groups=args.groups, lr=1e-6)  # fmt: skip
     optimizer, scheduler = make_optimizer(model, cfg)
     vocab = model.config.vocab_size
-    table = batch_table(args.groups, vocab, 0, (args.prompt_min, args.prompt_max), (4, args.action_max))
+    table = batch_table(
+        args.groups, vocab, 0, (args.prompt_min, args.prompt_max), (4, args.action_max)
+    )
     d = Dist(0, 1, torch.device("cpu"))
-    mbs = plan(table, version=1, pad_id=0, max_positions=4096, budget=cfg.micro_batch_tokens, token_mean=False)
+    mbs = plan(
+        table,
+        version=1,
+        pad_id=0,
+        max_positions=4096,
+        budget=cfg.micro_batch_tokens,
+        token_mean=False,
+    )
     times = {"learner": [], "bare": [], "naive": []}
     tokens = sum(mb.tokens for mb in mbs)
     for rep in range(args.repeats + 1):  # the first round warms up
@@ -132,7 +147,9 @@ def bench_delay(args, folder: Path) -> dict:
         learner.start()
         for i in range(args.delay_shards):
             time.sleep(args.delay_gap)
-            table = make_steps(shard_id=f"d{i:03d}", run_id="bench", groups=2, group_size=4, lengths=[3, 4, 5, 6])
+            table = make_steps(
+                shard_id=f"d{i:03d}", run_id="bench", groups=2, group_size=4, lengths=[3, 4, 5, 6]
+            )
             store.write_shard(table, group_size=4)
         learner.join()
         delays = read_metrics(store)["commit_to_use_s"].to_numpy()
@@ -142,11 +159,15 @@ def bench_delay(args, folder: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", help="a Hugging Face model folder (default: build a random Llama)")
+    parser.add_argument(
+        "--policy", help="a Hugging Face model folder (default: build a random Llama)"
+    )
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--groups", type=int, default=4, help="B: groups (of 8 rollouts) per update")
+    parser.add_argument(
+        "--groups", type=int, default=4, help="B: groups (of 8 rollouts) per update"
+    )
     parser.add_argument("--prompt-min", type=int, default=64)
     parser.add_argument("--prompt-max", type=int, default=256)
     parser.add_argument("--action-max", type=int, default=24)
@@ -160,7 +181,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(args.policy) if args.policy else build_model(Path(tmp), args.vocab, args.hidden, args.layers)
+        folder = (
+            Path(args.policy)
+            if args.policy
+            else build_model(Path(tmp), args.vocab, args.hidden, args.layers)
+        )
         thr = bench_throughput(args, folder)
         delay = bench_delay(args, folder)
     print(f"# learner benchmark — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
@@ -169,8 +194,12 @@ def main() -> None:
           f"{thr['tokens']} tokens in {thr['micro_batches']} micro-batches "
           f"({thr['padded_tokens'] / thr['tokens'] - 1:.1%} padding)")  # fmt: skip
     print(f"learner update        {thr['learner_tok_s']:10.0f} tok/s")
-    print(f"bare fwd+bwd          {thr['bare_tok_s']:10.0f} tok/s   learner overhead {thr['overhead_vs_bare']:+.1%}")
-    print(f"naive bare fwd+bwd    {thr['naive_tok_s']:10.0f} tok/s   learner vs naive {thr['overhead_vs_naive']:+.1%}")
+    print(
+        f"bare fwd+bwd          {thr['bare_tok_s']:10.0f} tok/s   learner overhead {thr['overhead_vs_bare']:+.1%}"
+    )
+    print(
+        f"naive bare fwd+bwd    {thr['naive_tok_s']:10.0f} tok/s   learner vs naive {thr['overhead_vs_naive']:+.1%}"
+    )
     print(f"commit → use delay: median {delay['delay_median_s']:.2f} s, max {delay['delay_max_s']:.2f} s "
           f"over {delay['shards']} shards (poll every {delay['poll_interval_s']} s)")  # fmt: skip
 

@@ -29,7 +29,9 @@ def table(prompts, actions, behav=None, adv=None, versions=None) -> pa.Table:
 
 
 def test_collate_layout():
-    mb = collate(table([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]]), version=2, pad_id=0, max_positions=64)
+    mb = collate(
+        table([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]]), version=2, pad_id=0, max_positions=64
+    )
     assert mb.input_ids.tolist() == [[5, 6, 7, 9, 10], [0, 8, 11, 12, 13]]
     assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]
     assert mb.position_ids[1].tolist() == [0, 0, 1, 2, 3]
@@ -63,7 +65,14 @@ def test_plan_weights_sum_to_one(token_mean):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 40, rng.integers(1, 20)).tolist() for _ in range(9)]
     actions = [rng.integers(3, 40, rng.integers(1, 6)).tolist() for _ in range(9)]
-    mbs = plan(table(prompts, actions), version=0, pad_id=0, max_positions=64, budget=48, token_mean=token_mean)
+    mbs = plan(
+        table(prompts, actions),
+        version=0,
+        pad_id=0,
+        max_positions=64,
+        budget=48,
+        token_mean=token_mean,
+    )
     assert len(mbs) > 1 and sum(mb.weight for mb in mbs) == pytest.approx(1.0)
 
 
@@ -79,4 +88,6 @@ def test_padded_scores_equal_unpadded_scores():
             got = logp[i][mb.action_mask[i]]
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
             ref_entropy = -(logits.exp() * logits).sum(-1)
-            torch.testing.assert_close(entropy[i][mb.action_mask[i]], ref_entropy, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                entropy[i][mb.action_mask[i]], ref_entropy, atol=1e-5, rtol=1e-5
+            )

@@ -57,14 +57,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args, message):
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+    )
 
 
 def test_toml_config_with_estimator_table(tmp_path: Path):
     path = tmp_path / "learner.toml"
     path.write_text(
         '[learner]\nstore = "x"\nbatch_groups = 4\n[learner.estimator]\nlam = 0.5\n'
-        '[learner.loss]\nbypass = true\n'
+        "[learner.loss]\nbypass = true\n"
     )
     config = load_config(LearnerConfig, path, section="learner", overrides={"updates": 3})
     assert config.estimator.estimator == "gagpo" and config.estimator.lam == 0.5

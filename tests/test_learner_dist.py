@@ -47,7 +47,9 @@ def test_torchrun_two_processes_match_one(tmp_path):
     assert single.returncode == 0, single.stderr
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "-m", "gagpo.learner.cli", *learner_args(tmp_path / "two", "--mini-batches", "1")]  # fmt: skip
-    double = subprocess.run(torchrun, capture_output=True, text=True, timeout=300, cwd=ROOT, env=ENV)
+    double = subprocess.run(
+        torchrun, capture_output=True, text=True, timeout=300, cwd=ROOT, env=ENV
+    )
     assert double.returncode == 0, double.stderr[-3000:]
     a, b = parameters(stores["one"].policy_dir(3)), parameters(stores["two"].policy_dir(3))
     base = parameters(tiny_model_dir())
@@ -84,7 +86,10 @@ def test_actors_and_learner_run_asynchronously(tmp_path):
         store = Store(str(store_dir))
         for _ in range(600):
             versions = pl.concat(
-                [pl.from_arrow(store.read_table(r.path, [C.POLICY_VERSION])) for r in store.list_shards()]
+                [
+                    pl.from_arrow(store.read_table(r.path, [C.POLICY_VERSION]))
+                    for r in store.list_shards()
+                ]
             )[C.POLICY_VERSION]
             if versions.max() == 4:
                 break
@@ -97,7 +102,9 @@ def test_actors_and_learner_run_asynchronously(tmp_path):
             actors.stderr.close()
     assert store.latest_version() == 4
     shards = store.list_shards()  # ids are time-sortable: commit order
-    per_shard = [store.read_table(r.path, [C.POLICY_VERSION])[C.POLICY_VERSION][0].as_py() for r in shards]
+    per_shard = [
+        store.read_table(r.path, [C.POLICY_VERSION])[C.POLICY_VERSION][0].as_py() for r in shards
+    ]
     assert per_shard == sorted(per_shard) and per_shard[-1] == 4 and per_shard[0] == 0
     ledger = pl.from_arrow(Ledger.load(store).table())
     lag = ledger["learner_version"] - ledger[C.POLICY_VERSION]

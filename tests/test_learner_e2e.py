@@ -71,7 +71,13 @@ def test_updates_publish_versions_and_record_everything(straight):
     before, after = parameters(tiny_model_dir()), parameters(v5)
     assert any(not np.array_equal(before[k], after[k]) for k in before)  # it learned something
     metrics = read_metrics(store)
-    assert metrics.columns == list(METRIC_COLUMNS) and metrics["update"].to_list() == [1, 2, 3, 4, 5]
+    assert metrics.columns == list(METRIC_COLUMNS) and metrics["update"].to_list() == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
     assert metrics["groups"].sum() == 10 and (metrics["masked_actions"] == 0).all()
     assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["grad_norm"] > 0).all()
     hist = zarr.open_group(store.path("learner", "histograms.zarr"), mode="r")
@@ -102,7 +108,9 @@ def _kill_during(store_root: Path, phase: str, update: int, every: int, tmp_path
             "--keep-versions", "100", "--checkpoint-every", str(every), "--poll-interval", "0.05",
             "--idle-timeout", "1", "--max-staleness", "100", "--quiet"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GAGPO_LEARNER_HOLD": f"{phase}:{update}:{hold}"}
-    proc = subprocess.Popen(learner_cmd(*args), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        learner_cmd(*args), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 240
         while not hold.exists():
@@ -136,4 +144,6 @@ def test_sigkill_then_resume(straight, tmp_path: Path, phase, update, every):
     assert ledger.height == 10 and ledger[C.GROUP_ID].n_unique() == 10
     assert ledger["update"].to_list() == sorted(ledger["update"].to_list())
     assert read_metrics(store)["groups"].sum() == 10
-    assert_same_parameters(parameters(store.policy_dir(versions[-1])), parameters(straight[0].policy_dir(5)))
+    assert_same_parameters(
+        parameters(store.policy_dir(versions[-1])), parameters(straight[0].policy_dir(5))
+    )

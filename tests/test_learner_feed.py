@@ -91,8 +91,15 @@ def test_stale_groups_are_dropped_counted_and_recorded(store_dir: Path):
     assert [g.group_id for g in batch.stale] == ["a_old-g0", "a_old-g1"]
     assert f.stats.groups_stale == 2 and f.stats.steps_stale == 2 * 9
     f.commit(batch, 1, 6)
-    statuses = dict(zip(*Ledger.load(store).table().select([C.GROUP_ID, "status"]).to_pydict().values(), strict=True))
-    assert statuses == {"a_old-g0": STALE, "a_old-g1": STALE} | {f"b_new-g{i}": TRAINED for i in range(3)}
+    statuses = dict(
+        zip(
+            *Ledger.load(store).table().select([C.GROUP_ID, "status"]).to_pydict().values(),
+            strict=True,
+        )
+    )
+    assert statuses == {"a_old-g0": STALE, "a_old-g1": STALE} | {
+        f"b_new-g{i}": TRAINED for i in range(3)
+    }
 
 
 def test_bad_shards_are_quarantined_and_the_rest_go_on(store_dir: Path):
@@ -131,4 +138,6 @@ def test_ledger_truncation_and_double_consumption_guard(store_dir: Path):
     ledger = Ledger.load(store)
     assert len(ledger.truncated(1).rows) == 3 and len(ledger.truncated(0).rows) == 0
     with pytest.raises(Exception, match="consumed twice"):
-        ledger.record([next(iter(feed(store, ledger.truncated(0)).next_batch(0).groups))], TRAINED, 9, 0)
+        ledger.record(
+            [next(iter(feed(store, ledger.truncated(0)).next_batch(0).groups))], TRAINED, 9, 0
+        )

@@ -28,7 +28,9 @@ def test_published_version_loads_with_transformers(store_dir: Path, model):
     store = Store(str(store_dir))
     folder = P.publish_version(store, model, tiny_model_dir(), 1, keep=3)
     assert store.latest_version() == 1 and P.is_complete(store, folder)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, use_safetensors=True)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        folder, local_files_only=True, use_safetensors=True
+    )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     assert tokenizer.convert_tokens_to_ids("w5") == 9
     for name, tensor in model.state_dict().items():
@@ -78,8 +80,23 @@ def test_lora_publishes_merged_weights_or_an_adapter(store_dir: Path):
     merged = parameters(P.publish_version(store, model, tiny_model_dir(), 1, keep=3))
     base = parameters(tiny_model_dir())
     assert set(merged) == set(base)
-    assert not (merged["model.layers.0.self_attn.q_proj.weight"] == base["model.layers.0.self_attn.q_proj.weight"]).all()
-    assert (merged["model.layers.0.self_attn.k_proj.weight"] == base["model.layers.0.self_attn.k_proj.weight"]).all()
-    folder = Path(P.publish_version(store, model, tiny_model_dir(), 2, keep=3, lora=LoraSettings(enabled=True, rank=2, alpha=4.0, publish="adapter")))
+    assert not (
+        merged["model.layers.0.self_attn.q_proj.weight"]
+        == base["model.layers.0.self_attn.q_proj.weight"]
+    ).all()
+    assert (
+        merged["model.layers.0.self_attn.k_proj.weight"]
+        == base["model.layers.0.self_attn.k_proj.weight"]
+    ).all()
+    folder = Path(
+        P.publish_version(
+            store,
+            model,
+            tiny_model_dir(),
+            2,
+            keep=3,
+            lora=LoraSettings(enabled=True, rank=2, alpha=4.0, publish="adapter"),
+        )
+    )
     assert (folder / "adapter_config.json").is_file()
     assert "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight" in parameters(folder)

@@ -52,7 +52,11 @@ def tiny_model_dir() -> Path:
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
     )
     tokenizer.save_pretrained(folder)
     return folder
@@ -60,7 +64,9 @@ def tiny_model_dir() -> Path:
 
 def shard_table(shard_id: str, *, groups: int = 2, version: int = 0, seed: int = 0) -> pa.Table:
     """Whole groups (G = 3) with varied prompts, actions and behaviour log-probs."""
-    table = make_steps(shard_id=shard_id, groups=groups, group_size=GROUP_SIZE, policy_version=version)
+    table = make_steps(
+        shard_id=shard_id, groups=groups, group_size=GROUP_SIZE, policy_version=version
+    )
     rng = np.random.default_rng([seed, *shard_id.encode()])
     n = table.num_rows
     p_len, a_len = rng.integers(3, 24, n), rng.integers(1, 6, n)
@@ -79,10 +85,14 @@ def shard_table(shard_id: str, *, groups: int = 2, version: int = 0, seed: int =
     return table
 
 
-def write_shards(store: Store, count: int, *, groups: int = 2, version: int = 0, prefix: str = "s") -> list[str]:
+def write_shards(
+    store: Store, count: int, *, groups: int = 2, version: int = 0, prefix: str = "s"
+) -> list[str]:
     ids = [f"{prefix}{i:03d}" for i in range(count)]
     for shard_id in ids:
-        store.write_shard(shard_table(shard_id, groups=groups, version=version), group_size=GROUP_SIZE)
+        store.write_shard(
+            shard_table(shard_id, groups=groups, version=version), group_size=GROUP_SIZE
+        )
     return ids
 
 
@@ -90,7 +100,9 @@ def learner_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "gagpo.learner.cli", *args]
 
 
-def run_learner(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_learner(
+    *args: str, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         learner_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},

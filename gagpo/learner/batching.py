@@ -41,7 +41,9 @@ class MicroBatch:
         return int(self.attention_mask.sum())
 
     def to(self, device: torch.device) -> MicroBatch:
-        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        moved = {
+            k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()
+        }
         return MicroBatch(**moved)
 
 
@@ -53,8 +55,13 @@ def _values(column: pa.ChunkedArray) -> np.ndarray:
     return pc.list_flatten(column).to_numpy(zero_copy_only=False)
 
 
-def _place(out: np.ndarray, values: np.ndarray, lengths: np.ndarray, ends: np.ndarray,
-           keep_from: np.ndarray | None = None) -> None:
+def _place(
+    out: np.ndarray,
+    values: np.ndarray,
+    lengths: np.ndarray,
+    ends: np.ndarray,
+    keep_from: np.ndarray | None = None,
+) -> None:
     """Write each row's `values` into `out` so that they end at column `ends[row]`;
     with `keep_from`, only elements at index ≥ keep_from[row] of the row are written."""
     rows = np.repeat(np.arange(len(lengths)), lengths)
@@ -81,7 +88,9 @@ def collate(table: pa.Table, version: int, pad_id: int, max_positions: int) -> M
     _place(ids, _values(table[C.ACTION_IDS]), a_len, np.full(b, width), keep_from=a_len - a_keep)
     attention = np.arange(width)[None, :] >= (width - n)[:, None]
     behav = np.zeros((b, L), dtype=np.float32)
-    _place(behav, _values(table[C.BEHAVIOR_LOGPROBS]), a_len, np.full(b, L), keep_from=a_len - a_keep)
+    _place(
+        behav, _values(table[C.BEHAVIOR_LOGPROBS]), a_len, np.full(b, L), keep_from=a_len - a_keep
+    )
     action_mask = np.arange(L)[None, :] >= (L - a_keep)[:, None]
     advantages = table[C.ADVANTAGE].to_numpy().astype(np.float32)
     finite = np.isfinite(behav).all(1) & np.isfinite(advantages)

@@ -66,8 +66,16 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(
-    store: Store, *, update: int, version: int, model, optimizer, scheduler,
-    ledger: Ledger | None, keep: int, main: bool = True,
+    store: Store,
+    *,
+    update: int,
+    version: int,
+    model,
+    optimizer,
+    scheduler,
+    ledger: Ledger | None,
+    keep: int,
+    main: bool = True,
 ) -> str | None:
     """Write checkpoint `update`. A sharded model is gathered first, a collective: every
     rank calls this, and only `main` (with the ledger) writes."""
@@ -87,8 +95,11 @@ def save_checkpoint(
         else:
             save_model(model, str(folder / "model.safetensors"))
             optimizer_state = optimizer.state_dict()
-        trainer = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
-                   "rng": rng_state()}
+        trainer = {
+            "optimizer": optimizer_state,
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+        }
         torch.save(trainer, folder / "trainer.pt")
         pq.write_table(ledger.table(), folder / "ledger.parquet")
         state = {"update": update, "version": version, "saved_at": time.time()}
@@ -188,5 +199,6 @@ def load_latest_checkpoint(store: Store, cache_dir: str) -> Checkpoint | None:
         store.fs.get(remote.rstrip("/") + "/", folder, recursive=True)
     state = json.loads((Path(folder) / "state.json").read_text())
     ledger = Ledger(pq.read_table(Path(folder) / "ledger.parquet"))
-    return Checkpoint(update=state["update"], version=state["version"], ledger=ledger,
-                      folder=folder)
+    return Checkpoint(
+        update=state["update"], version=state["version"], ledger=ledger, folder=folder
+    )

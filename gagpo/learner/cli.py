@@ -51,13 +51,17 @@ L = LearnerConfig
 @click.option("--device", help=field_help(L, "device"))
 @click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), help=field_help(L, "parallel"))
 @click.option("--seed", type=int, help=field_help(L, "seed"))
-@click.option("--poll-interval", "poll_interval_s", type=float, help=field_help(L, "poll_interval_s"))
+@click.option(
+    "--poll-interval", "poll_interval_s", type=float, help=field_help(L, "poll_interval_s")
+)
 @click.option("--idle-timeout", "idle_timeout_s", type=float, help=field_help(L, "idle_timeout_s"))
 @click.option("--replay", metavar="STORE", help=field_help(L, "replay"))
 @click.option("--resume", is_flag=True, default=None, help=field_help(L, "resume"))
 @click.option("--lora", is_flag=True, default=None, help=field_help(LoraSettings, "enabled"))
 @click.option("--quiet", is_flag=True, help="No progress lines; only the summary.")
-def learner_command(config_file, quiet, estimator, bypass, behavior_cap, kl_coef, lora, **flags) -> None:
+def learner_command(
+    config_file, quiet, estimator, bypass, behavior_cap, kl_coef, lora, **flags
+) -> None:
     """Consume committed shards, train with the GAGPO objective and publish policy versions.
 
     Each update takes B whole groups from STORE/shards/ (oldest first, each group once,

@@ -30,7 +30,12 @@ from gagpo.schemas.store import LEARNER, ShardRef, Store
 LEDGER_FILE = "ledger.parquet"
 TRAINED, STALE = "trained", "stale"
 # Column names of the ledger table, one row per consumed group.
-UPDATE, STATUS, SHARD_GROUPS, LEARNER_VERSION = "update", "status", "shard_groups", "learner_version"
+UPDATE, STATUS, SHARD_GROUPS, LEARNER_VERSION = (
+    "update",
+    "status",
+    "shard_groups",
+    "learner_version",
+)
 LEDGER_SCHEMA = pa.schema(
     [
         pa.field(C.RUN_ID, pa.string(), nullable=False),
@@ -254,7 +259,9 @@ class Feed:
             if self._left[shard_id] == 0:
                 del self._frames[shard_id], self._left[shard_id]
             else:
-                self._frames[shard_id] = frame.filter(~pl.col(C.GROUP_ID).is_in(pl.Series(ids).implode()))
+                self._frames[shard_id] = frame.filter(
+                    ~pl.col(C.GROUP_ID).is_in(pl.Series(ids).implode())
+                )
         return pl.concat(parts)
 
     def next_batch(self, version: int) -> Batch | None:

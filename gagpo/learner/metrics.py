@@ -1,9 +1,9 @@
 """Per-update metrics: a Parquet row per update and zarr histograms, under `learner/`.
 
-    learner/metrics/<update:08d>.parquet   one row (METRIC_COLUMNS), rewritten if a
-                                           resumed run redoes that update
-    learner/histograms.zarr/<name>         int64 [updates, bins]; row u−1 is update u;
-                                           bin edges in the array's attributes
+learner/metrics/<update:08d>.parquet   one row (METRIC_COLUMNS), rewritten if a
+                                       resumed run redoes that update
+learner/histograms.zarr/<name>         int64 [updates, bins]; row u−1 is update u;
+                                       bin edges in the array's attributes
 """
 
 from __future__ import annotations
@@ -72,8 +72,12 @@ class MetricsLog:
 
     def write(self, row: dict, histograms: dict[str, tuple[np.ndarray, list[float]]]) -> None:
         update = int(row["update"])
-        table = pa.Table.from_pylist([{k: row.get(k) for k in METRIC_COLUMNS}], schema=C.LEARNER_METRICS_SCHEMA)
-        self.store.write_parquet(table, self.store.path(LEARNER, METRICS, f"{update:08d}.parquet"), {})
+        table = pa.Table.from_pylist(
+            [{k: row.get(k) for k in METRIC_COLUMNS}], schema=C.LEARNER_METRICS_SCHEMA
+        )
+        self.store.write_parquet(
+            table, self.store.path(LEARNER, METRICS, f"{update:08d}.parquet"), {}
+        )
         group = self._zarr()
         for name, (counts, edges) in histograms.items():
             counts = np.asarray(counts, dtype=np.int64)
@@ -81,7 +85,10 @@ class MetricsLog:
                 array = group[name]
             else:  # first update, or the bin count changed (max_staleness in a new config)
                 array = group.create_array(
-                    name, shape=(0, len(counts)), chunks=(1, len(counts)), dtype="int64",
+                    name,
+                    shape=(0, len(counts)),
+                    chunks=(1, len(counts)),
+                    dtype="int64",
                     overwrite=True,
                 )
                 array.attrs["edges"] = edges
