@@ -21,7 +21,6 @@ from pydantic import Field
 from gagpo.schemas.config import Config, load_config
 from gagpo.schemas.errors import GagpoError
 
-DEFAULT_RECIPE = "demo"
 SEED_STRIDE = 1_000_003  # actor i plays task seeds seed + i·stride + k: no two actors share a task
 
 
