@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from gagpo.actors.envs import ENVIRONMENTS
+from gagpo.schemas.cli import field_help, run_cli
 from gagpo.schemas.config import ActorConfig, SamplingConfig
-from gagpo.workflows.clitools import field_help, run_cli
 
 ENV_NAMES = ", ".join(sorted(ENVIRONMENTS))  # the registry imports no engine: cheap
 

@@ -12,7 +12,7 @@ import click
 
 from gagpo.learner.config import LearnerConfig, LoraSettings, LossSettings
 from gagpo.pipeline.config import ESTIMATOR_NAMES
-from gagpo.workflows.clitools import field_help, run_cli
+from gagpo.schemas.cli import field_help, run_cli
 
 L = LearnerConfig
 

@@ -13,14 +13,10 @@ from typing import Any
 import click
 
 from gagpo.pipeline.config import ESTIMATOR_NAMES, GagpoConfig, GigpoConfig, parse_estimator_config
+from gagpo.schemas.cli import field_help
 from gagpo.schemas.errors import GagpoError
 
 GAGPO_FAMILY = ("gagpo", "gagpo_lambda0", "gagpo_lambda1")
-
-
-def _help(model: Any, name: str) -> str:
-    info = model.model_fields[name]
-    return f"{' '.join((info.description or '').split())} [default: {info.default}]"
 
 
 def estimator_config(settings: dict[str, Any], omega: str | None) -> Any:
@@ -58,9 +54,9 @@ def estimator_config(settings: dict[str, Any], omega: str | None) -> Any:
     metavar="NAME",
     help=f"Advantage estimator; accepted: {', '.join(ESTIMATOR_NAMES)} [default: gagpo]",
 )
-@click.option("--gamma", metavar="FLOAT", help=_help(GagpoConfig, "gamma"))
-@click.option("--lam", metavar="FLOAT", help=_help(GagpoConfig, "lam") + " (gagpo only)")
-@click.option("--norm", metavar="MODE", help=_help(GagpoConfig, "norm"))
+@click.option("--gamma", metavar="FLOAT", help=field_help(GagpoConfig, "gamma"))
+@click.option("--lam", metavar="FLOAT", help=field_help(GagpoConfig, "lam") + " (gagpo only)")
+@click.option("--norm", metavar="MODE", help=field_help(GagpoConfig, "norm"))
 @click.option(
     "--omega",
     metavar="FLOAT",
@@ -68,9 +64,11 @@ def estimator_config(settings: dict[str, Any], omega: str | None) -> Any:
     f"[default: {GagpoConfig.model_fields['omega_episode'].default}], ω of the step "
     f"advantage for gigpo [default: {GigpoConfig.model_fields['omega'].default}].",
 )
-@click.option("--eps", metavar="FLOAT", help=_help(GagpoConfig, "eps"))
+@click.option("--eps", metavar="FLOAT", help=field_help(GagpoConfig, "eps"))
 @click.option(
-    "--step-std/--no-step-std", default=None, help=_help(GigpoConfig, "step_std") + " (gigpo only)"
+    "--step-std/--no-step-std",
+    default=None,
+    help=field_help(GigpoConfig, "step_std") + " (gigpo only)",
 )
 @click.option(
     "--config",

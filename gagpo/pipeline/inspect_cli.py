@@ -259,7 +259,7 @@ inspect.add_command(report_command)
 
 
 def main() -> None:
-    from gagpo.workflows.clitools import run_cli
+    from gagpo.schemas.cli import run_cli
 
     run_cli(inspect, prog_name="gagpo")
 

@@ -112,6 +112,14 @@ def advantages_metadata(config: EstimatorConfig) -> dict[bytes, bytes]:
     }
 
 
+def check_compression(compression: str) -> None:
+    """Fail before any work when the Parquet codec is unknown."""
+    if compression not in COMPRESSIONS:
+        raise GagpoError(
+            f"unknown compression {compression!r}; accepted: {', '.join(COMPRESSIONS)}"
+        )
+
+
 def write_advantages(
     table: pl.DataFrame,
     path: str | Path,
@@ -119,10 +127,7 @@ def write_advantages(
     compression: str = PARQUET_COMPRESSION,
 ) -> None:
     """Write an advantages table with its metadata, atomically (temporary name + rename)."""
-    if compression not in COMPRESSIONS:
-        raise GagpoError(
-            f"unknown compression {compression!r}; accepted: {', '.join(COMPRESSIONS)}"
-        )
+    check_compression(compression)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrow = table.to_arrow().cast(C.ADVANTAGES_SCHEMA)
@@ -142,10 +147,7 @@ def recompute_files(
     compression: str = PARQUET_COMPRESSION,
 ) -> Diagnostics:
     """Advantages of the input files written to `out`; returns their diagnostics."""
-    if compression not in COMPRESSIONS:
-        raise GagpoError(
-            f"unknown compression {compression!r}; accepted: {', '.join(COMPRESSIONS)}"
-        )
+    check_compression(compression)
     table = advantages_of_files(expand_inputs(patterns), config)
     write_advantages(table, out, config, compression)
     return diagnostics(table)

@@ -10,7 +10,7 @@ import importlib
 
 import click
 
-from gagpo.workflows.clitools import run_cli
+from gagpo.schemas.cli import run_cli
 
 # name -> (module, attribute, one-line summary)
 SUBCOMMANDS = {

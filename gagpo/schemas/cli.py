@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: help text from config docstrings and one-line user errors."""
+"""Shared CLI plumbing for every layer: help text from config docstrings and one-line user errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gagpo.schemas.errors import GagpoError
 def field_help(model: type[BaseModel], name: str) -> str:
     """A config field's docstring and default, for click's --help."""
     info = model.model_fields[name]
-    text = info.description or ""
+    text = " ".join((info.description or "").split())
     if not info.is_required() and info.default_factory is None:
         text += f" [default: {info.default}]"
     return text
