@@ -7,8 +7,9 @@
 #   3. actors on the GPU (transformers backend) write groups into a store
 #   4. gagpo-learner --device cuda --precision bf16 trains on them: losses and the
 #      behaviour/learner mismatch (mismatch_kl, mismatch_max_abs) are printed
-#   5. throughput: vLLM against the transformers backend on the same prompts, and the
-#      time of a hot reload into the running engine (benchmarks/bench_vllm.py)
+#   5. throughput on the same prompts (benchmarks/bench_vllm.py): bare vLLM, the gagpo
+#      vLLM backend and the actors loop on it (ratios to bare vLLM, target >= 0.90), the
+#      transformers backend; and the time of a hot reload into the running engine
 #
 # Nothing is downloaded. Python packages the machine lacks travel as wheels in .whl/
 # (benchmarks/gpu_wheels.sh fetches them on a machine with network); the repository is
@@ -114,7 +115,8 @@ bench() {
         "$PY" benchmarks/bench_vllm.py --help >/dev/null
         return
     fi
-    "$PY" benchmarks/bench_vllm.py --groups 4 --max-new-tokens 64 --out "$OUT/bench_vllm.json"
+    "$PY" benchmarks/bench_vllm.py --groups 4 --group-size 8 --max-turns 2 --max-new-tokens 64 \
+        --repeats 3 --out "$OUT/bench_vllm.json"
 }
 
 step "setup" setup || true
@@ -122,7 +124,7 @@ step "machine" machine
 step "pytest -m gpu" gpu_tests
 step "actors on $DEVICE" actors
 step "learner --device $DEVICE --precision bf16" learner
-step "throughput vllm vs transformers" bench
+step "throughput: bare vllm, vllm backend, actors loop, transformers" bench
 
 rm -rf "$WORK"
 if [ ${#failures[@]} -gt 0 ]; then

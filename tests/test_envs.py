@@ -12,7 +12,7 @@ from gagpo.actors.envs import ENVIRONMENTS, make_env
 from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Environment
 from gagpo.actors.envs.household import GOAL_KINDS, Household
 from gagpo.actors.envs.parse import normalise_command
-from gagpo.actors.envs.sokoban import MOVES, Sokoban
+from gagpo.actors.envs.sokoban import MOVES, Sokoban, generate, parse_grid, render
 from gagpo.schemas.errors import GagpoError
 
 SEEDS = range(120)
@@ -369,3 +369,14 @@ def test_sokoban_describe_says_in_words_what_the_grid_shows():
     t = worded.step("up")
     assert t.observation.splitlines()[-2:] == ["box: right 2.", "target from box: down 1."]
     assert t.next_state_key == plain.step("up").next_state_key
+
+
+def test_sokoban_grid_parses_back_to_its_level() -> None:
+    for seed in range(50):
+        level, _ = generate(seed, (6, 7), 2)
+        assert parse_grid(render(level)) == level
+    on_target = parse_grid("#####\n#+*$#\n#####")  # player and one box on targets
+    assert on_target.player == 6 and on_target.targets == {6, 7} and on_target.boxes == {7, 8}
+    for bad in ("###\n#@", "#?@#", "#__#\n#__#"):  # ragged, unknown cell, no player
+        with pytest.raises(ValueError):
+            parse_grid(bad)

@@ -69,6 +69,25 @@ def render(level: Level) -> str:
     return "\n".join(rows)
 
 
+def parse_grid(grid: str) -> Level:
+    """The level a `render`ed grid (a step's `state_key`) shows: the inverse of `render`."""
+    rows = grid.split("\n")
+    width = len(rows[0])
+    cells = "".join(rows)
+    if any(len(row) != width for row in rows) or set(cells) - set(WALL + FLOOR + TARGET + BOX
+                                                                  + BOX_ON_TARGET + PLAYER + PLAYER_ON_TARGET):  # fmt: skip
+        raise ValueError(f"not a Sokoban grid: {grid!r}")
+
+    def where(*kinds: str) -> frozenset[int]:
+        return frozenset(i for i, ch in enumerate(cells) if ch in kinds)
+
+    players = where(PLAYER, PLAYER_ON_TARGET)
+    if len(players) != 1:
+        raise ValueError(f"a Sokoban grid has one player: {grid!r}")
+    return Level(len(rows), width, where(WALL), where(TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET),
+                 where(BOX, BOX_ON_TARGET), next(iter(players)))  # fmt: skip
+
+
 _CELL_WORDS = {WALL: "wall", FLOOR: "floor", TARGET: "target", BOX: "box", BOX_ON_TARGET: "box"}
 
 
