@@ -127,11 +127,11 @@ def save_state(store: Store, parent: Head, child: Head, model, optimizer, schedu
 
 def commit_version(store: Store, parent: Head, child: Head, model, optimizer, scheduler,
                    ledger: Ledger | None, *, base_dir, keep_versions: int, keep_states: int,
-                   lora=None, main: bool = True) -> None:  # fmt: skip
+                   lora=None, main: bool = True, keep_every: int = 0) -> None:  # fmt: skip
     """State, then policy folder (with its lineage record), then LATEST, then pruning."""
     save_state(store, parent, child, model, optimizer, scheduler, ledger, main=main)
     publish_version(store, model, base_dir, child.version, keep_versions, lora, main=main,
-                    lineage=child.record(parent))  # fmt: skip
+                    lineage=child.record(parent), keep_every=keep_every)  # fmt: skip
     if main:
         prune_states(store, keep_states)
 

@@ -91,6 +91,9 @@ class LearnerConfig(Config):
     """AdamW decoupled weight decay."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
     """AdamW (β1, β2)."""
+    adam_eps: float = Field(1e-8, gt=0.0, le=1.0)
+    """AdamW ε, added to √v̂: parameters whose gradients stay below it move less than lr a step
+    (raise it when noisy policy gradients move every weight by a full lr)."""
     grad_clip: float = Field(1.0, ge=0.0, le=1e6)
     """Clip the global gradient norm to this value; 0 disables clipping (the norm is still logged)."""
     temperature: float = Field(1.0, gt=0.0, le=10.0)
@@ -103,6 +106,9 @@ class LearnerConfig(Config):
     """Also commit each shard's advantage table under advantages/<estimator_tag>/ for SQL inspection."""
     keep_versions: int = Field(3, ge=1, le=1_000_000)
     """K: published policy versions kept in policy/; older ones are deleted (LATEST's is always kept)."""
+    keep_every: int = Field(0, ge=0, le=10**9)
+    """Also keep every N-th version (v0, vN, v2N, …) in policy/, e.g. to evaluate them after
+    the run (`gagpo run` with [run] eval_groups); 0 keeps only the newest K."""
     checkpoint_every: int = Field(10, ge=1, le=10**9)
     """Accepted for older configs and ignored: every published version now carries its own training state (learner/checkpoints/v<N>/)."""
     keep_checkpoints: int = Field(2, ge=1, le=1000)

@@ -82,13 +82,15 @@ def published_versions(store: Store) -> list[int]:
     return sorted(versions)
 
 
-def prune_versions(store: Store, keep: int) -> list[int]:
-    """Delete all but the newest `keep` complete versions (never LATEST's); return them."""
+def prune_versions(store: Store, keep: int, every: int = 0) -> list[int]:
+    """Delete all but the newest `keep` complete versions (never LATEST's, nor, with
+    `every` > 0, the multiples of `every`: kept for evaluation later); return them."""
     latest = store.latest_version()
     versions = published_versions(store)
     complete = [v for v in versions if is_complete(store, store.policy_dir(v))]
     # v0 is the base policy the actors published: learners (and --resume) start from it.
     kept = set(complete[-keep:]) | ({latest} if latest is not None else set()) | {0}
+    kept |= {v for v in complete if every and v % every == 0}
     newest_kept = max(kept, default=-1)
     # Incomplete folders newer than every kept version may be a publication in flight.
     doomed = [v for v in versions if v not in kept and v < newest_kept]
@@ -107,9 +109,10 @@ def publish_version(
     *,
     main: bool = True,
     lineage: dict | None = None,
+    keep_every: int = 0,
 ) -> str | None:
     """Write policy `version` (HF format, with its `lineage` record), then point LATEST at
-    it, then prune to `keep`.
+    it, then prune to `keep` (and every `keep_every`-th version).
 
     A sharded (FSDP) model is gathered first, a collective: every rank calls this and
     only `main` writes; the files are the same as an unsharded model's."""
@@ -133,7 +136,7 @@ def publish_version(
             (folder / LINEAGE_FILE).write_text(json.dumps(lineage))
         put_folder(store, folder, remote, phase="publish")
     store.set_latest(version)
-    prune_versions(store, keep)
+    prune_versions(store, keep, keep_every)
     return remote
 
 

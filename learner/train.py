@@ -62,7 +62,7 @@ HISTOGRAMS = {"ratio": Histogram(0.0, 2.0), "behavior_weight": Histogram(0.0, 4.
 def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay
+        params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
     )
     warmup = cfg.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -332,7 +332,7 @@ class Parts:
             commit_version(self.store, head, child, self.model, self.optimizer, self.scheduler,
                            ledger, base_dir=self.base_dir, keep_versions=self.cfg.keep_versions,
                            keep_states=self.cfg.keep_checkpoints, lora=lora,
-                           main=self.dist.main)  # fmt: skip
+                           main=self.dist.main, keep_every=self.cfg.keep_every)  # fmt: skip
         return child
 
 

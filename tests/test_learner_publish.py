@@ -100,3 +100,11 @@ def test_lora_publishes_merged_weights_or_an_adapter(store_dir: Path):
     )
     assert (folder / "adapter_config.json").is_file()
     assert "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight" in parameters(folder)
+
+
+def test_every_nth_version_is_kept_for_evaluation(store_dir: Path, model):
+    store = Store(str(store_dir))
+    for v in range(1, 8):
+        P.publish_version(store, model, tiny_model_dir(), v, keep=2, keep_every=3)
+    assert P.published_versions(store) == [3, 6, 7]  # multiples of 3, and the newest 2
+    assert P.prune_versions(store, keep=1) == [3, 6]  # without keep_every they go

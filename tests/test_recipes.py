@@ -81,6 +81,14 @@ def test_run_recipe_tiny_end_to_end(tmp_path: Path):
     # newer ones the actor picked up while the learner trained).
     assert len(_read_versions(store)) >= 2, _read_versions(store)
     assert len(list((store_dir / "learner" / "metrics").glob("*.parquet"))) == 3
+    # Held-out evaluation: v0, every 2nd version (kept by the learner for it) and the last,
+    # on the same tasks; the rows are in the store and in the printed table.
+    heldout = pq.read_table(store_dir / "eval" / "heldout.parquet").to_pydict()
+    assert heldout["policy_version"] == [0, 2, 3]
+    assert heldout["rollouts"] == [8, 8, 8] and len(set(heldout["task_seed"])) == 1
+    assert all(0.0 <= r <= 1.0 for r in heldout["success_rate"] + heldout["valid_rate"])
+    assert "held-out evaluation: the same 2 tasks × 4 rollouts for every version" in result.stdout
+    assert sorted(p.name for p in (store_dir / "policy").glob("v*")) == ["v0", "v1", "v2", "v3"]
     assert (store_dir / "report" / "summary.md").is_file()
     assert "policy_version  rollouts  success_rate  valid_replies" in result.stdout
     assert re.search(r"groups: \d+ generated, \d+ trained, \d+ dropped as stale", result.stdout)

@@ -40,6 +40,13 @@ class RunConfig(Config):
     """Seconds an actor may take to finish its group after SIGTERM before it is killed."""
     report: bool = True
     """Write `gagpo report` (plots and summary.md) into STORE/report/ when the run ends."""
+    eval_groups: int = Field(0, ge=0, le=100_000)
+    """Held-out evaluation when the run ends (workflows/evaluate.py): each evaluated version
+    plays these same tasks (group_size rollouts each); 0: none."""
+    eval_every: int = Field(5, ge=1, le=10**9)
+    """Evaluate v0, every N-th version and the last (the learner keeps them: learner.keep_every)."""
+    eval_seed: int = Field(900_000_000, ge=0, le=2**62)
+    """First task seed of the held-out tasks (far from the actors' seeds)."""
 
 
 def recipe_path(recipe: str) -> Path:
@@ -117,9 +124,13 @@ def run(
     actor_cfg = load_config(
         ActorConfig, path, section="actors", overrides=actor_sets | {"store": store}
     )
-    load_config(LearnerConfig, path, section="learner", overrides=learner_sets | {"store": store})
+    learner_cfg = load_config(
+        LearnerConfig, path, section="learner", overrides=learner_sets | {"store": store}
+    )
     actor_args = [arg for item in by_table["actors"] for arg in ("--set", item)]
     learner_args = [arg for item in by_table["learner"] for arg in ("--set", item)]
+    if config.eval_groups and not learner_cfg.keep_every:  # keep what will be evaluated
+        learner_args += ["--set", f"keep_every={config.eval_every}"]
     warm_cfg = warmstart_config(path, actor_cfg) if warm else None
     from gagpo.schemas.store import Store, new_id
 
@@ -144,6 +155,14 @@ def run(
             signal.signal(sig, handler)
     if code == 0:
         echo(summary(store))
+        if config.eval_groups:
+            from gagpo.workflows.evaluate import evaluate_run, table
+
+            evaluated = actor_cfg.model_copy(update={"policy": "tiny"})  # replaced per version
+            rows = evaluate_run(store, evaluated, groups=config.eval_groups,
+                                every=config.eval_every, seed=config.eval_seed, echo=echo)  # fmt: skip
+            if rows:
+                echo(table(rows, config.eval_groups, actor_cfg.group_size))
         if config.report:
             echo(report(store))
     return code

@@ -61,10 +61,10 @@ def run_cell(args, env: str, start: str, estimator: str, seed: int) -> dict | No
     }
     if args.group_size:
         sets["actors.group_size"] = str(args.group_size)
-    cmd = [sys.executable, "-m", "gagpo.workflows.cli", "run", "--recipe", env,
+    cmd = [sys.executable, "-m", "gagpo.workflows.cli", "run", "--recipe", args.recipes.get(env, env),
            "--store", str(folder / "store")]  # fmt: skip
-    for key, value in sets.items():
-        cmd += ["--set", f"{key}={value}"]
+    for item in [f"{key}={value}" for key, value in sets.items()] + args.sets:
+        cmd += ["--set", item]
     if start == "untrained":
         cmd.append("--no-warmstart")
     t0 = time.time()
@@ -73,13 +73,15 @@ def run_cell(args, env: str, start: str, estimator: str, seed: int) -> dict | No
     if code != 0:
         print(f"  failed (exit {code}); see {folder / 'run.log'}", flush=True)
         return None
-    result = measure(folder / "store") | {"seconds": time.time() - t0, "command": cmd}
+    result = measure(folder / "store", env) | {"seconds": time.time() - t0, "command": cmd}
     done.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
-def measure(store: str | Path) -> dict:
-    """Per-version curve and advantage IQR, from the store's SQL views."""
+def measure(store: str | Path, env: str = "") -> dict:
+    """Per-version curve and advantage IQR, from the store's SQL views; the held-out
+    evaluation (eval/heldout.parquet) where the recipe ran one; on Sokoban, how well the
+    run's own advantages rank the solver's optimal moves (credit.py)."""
     from gagpo.pipeline.sql import open_store_db, run_query
 
     con = open_store_db(str(store))
@@ -101,7 +103,29 @@ def measure(store: str | Path) -> dict:
         """,
     ).to_pylist()[0]
     steps = np.cumsum([r["steps"] for r in rows]).tolist()
-    return {
+    extra = {}
+    heldout = Path(store) / "eval" / "heldout.parquet"
+    if heldout.is_file():
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(heldout).to_pydict()
+        at = dict(zip([r["version"] for r in rows], steps, strict=True))
+        extra["heldout"] = {
+            "versions": table["policy_version"],
+            "env_steps": [at.get(v - 1, 0) for v in table["policy_version"]],  # before v played
+            "success": table["success_rate"],
+            "valid": table["valid_rate"],
+            "rollouts": table["rollouts"],
+        }
+    if env == "sokoban":
+        import polars as pl
+        from credit import auc, label  # benchmarks/learning/credit.py
+
+        con_steps = run_query(con, "select * exclude (won_derived) from steps")
+        own = run_query(con, "select traj_id, step, advantage from advantages")
+        labelled = label(pl.from_arrow(con_steps)).join(pl.from_arrow(own), on=["traj_id", "step"])
+        extra["credit_auc"] = auc(labelled["advantage"].to_numpy(), labelled["optimal"].to_numpy())
+    return extra | {
         "versions": [r["version"] for r in rows],
         "rollouts": [r["rollouts"] for r in rows],
         "env_steps": steps,  # generated up to the end of each version
@@ -142,6 +166,48 @@ def _steps_to(result: dict, target: float) -> float | None:
     return None
 
 
+HELDOUT_HEADER = [
+    "| env | start | estimator | seeds | held-out success v0 | held-out success, last version "
+    "| gain (paired by seed) | env steps | credit AUC (own advantages) | advantage IQR |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def heldout_panel(args, env: str, start: str, cells: dict[str, list[dict]]) -> list[str]:
+    """Table rows and a plot of held-out success (the same tasks for every version) against
+    environment steps: mean and min–max band over seeds."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    lines = []
+    for est, results in cells.items():
+        if not results:
+            continue
+        n = min(len(r["heldout"]["versions"]) for r in results)
+        xs = np.mean([r["heldout"]["env_steps"][:n] for r in results], axis=0)
+        ys = np.array([r["heldout"]["success"][:n] for r in results])
+        (line,) = ax.plot(xs, ys.mean(0), marker="o", ms=3, label=LABELS.get(est, est.upper()))
+        ax.fill_between(xs, ys.min(0), ys.max(0), alpha=0.12, color=line.get_color())
+        first, last = ys[:, 0], ys[:, -1]
+        aucs = [r["credit_auc"] for r in results if "credit_auc" in r]
+        lines.append(
+            f"| {env} | {start} | {LABELS.get(est, est.upper())} | {len(results)} | "
+            f"{first.mean():.1%} | {last.mean():.1%} ± {last.std():.1%} | "
+            f"{(last - first).mean():+.1%} ± {(last - first).std():.1%} | {xs[-1]:.0f} | "
+            f"{f'{np.mean(aucs):.3f}' if aucs else '—'} | "
+            f"{np.mean([r['advantage_iqr'] for r in results]):.2f} |"
+        )
+    ax.set_xlabel("environment steps (trained rollouts generated before the version)")
+    ax.set_ylabel("held-out success rate")
+    ax.set_title(f"{env}, {start} start: held-out success per version\n"
+                 "(the same tasks for every version; mean, min–max over seeds)", fontsize=10)  # fmt: skip
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(HERE / f"{args.name}{env}_{start}.png", dpi=110)
+    plt.close(fig)
+    return [*HELDOUT_HEADER, *lines, ""]
+
+
 def report(args) -> str:
     import matplotlib
 
@@ -164,6 +230,9 @@ def report(args) -> str:
                 for est in args.estimators
             }
             if not any(cells.values()):
+                continue
+            if all("heldout" in r for rs in cells.values() for r in rs):
+                lines += heldout_panel(args, env, start, cells)
                 continue
             first = [r["success"][0] for rs in cells.values() for r in rs]
             target = float(np.mean(first)) + args.target_gain
@@ -199,7 +268,7 @@ def report(args) -> str:
                 )
                 ax.legend(fontsize=8)
             fig.tight_layout()
-            fig.savefig(HERE / f"{env}_{start}.png", dpi=110)
+            fig.savefig(HERE / f"{args.name}{env}_{start}.png", dpi=110)
             plt.close(fig)
     lines.append(
         f"\nTarget = mean start success of the panel + {args.target_gain:.0%} (dashed line), "
@@ -221,10 +290,16 @@ def main() -> None:
     parser.add_argument("--target-gain", type=float, default=0.05)
     parser.add_argument("--out", type=Path, default=HERE / "runs")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--recipe", action="append", default=[], metavar="ENV=RECIPE",
+                        help="the recipe of an env's cells (default: the env's own recipe)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                        help="extra --set for every cell (same for every estimator)")
+    parser.add_argument("--name", default="", help="prefix of the plots' file names")
     args = parser.parse_args()
     args.envs, args.starts = args.envs.split(","), args.starts.split(",")
     args.estimators = args.estimators.split(",")
     args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.recipes = dict(item.split("=", 1) for item in args.recipe)
     os.environ.setdefault("GAGPO_CACHE", str(Path.cwd() / ".cache" / "gagpo"))
     if not args.report_only:
         cells = [(e, st, est, s) for e in args.envs for st in args.starts for s in args.seeds
