@@ -7,7 +7,9 @@ the points along training) with the raw points faint behind them.
 
 Figures (each written only when its data exists):
     learning_curves.png   success rate and mean return against environment steps, success
-                          rate against policy version, per run
+                          rate against policy version, per run; and, where the run was
+                          evaluated on held-out tasks (view `heldout`), that success per
+                          version (the same tasks for every version: no smoothing)
     episodes.png          invalid-action rate and episode length per policy version
     advantages.png        advantage distribution of every estimator on shared bins (log
                           counts: GRPO's spike at 0 does not hide the rest), and the mean
@@ -210,7 +212,7 @@ def _colour(i: int):
 def _integer_ticks(ax) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))  # long step counts stay legible
 
 
 def _finite(value) -> bool:
@@ -274,17 +276,32 @@ FROM trajectories GROUP BY policy_version ORDER BY policy_version
 """
 
 
+_HELDOUT = "SELECT policy_version AS version, success_rate, rollouts FROM heldout"
+
+
 def _plot_learning_curves(runs: list[Run], path: Path) -> bool:
-    fig, axes = _figure(1, 3)
+    heldout = [_rows(run.con, _HELDOUT) for run in runs]
+    fig, axes = _figure(1, 4 if any(heldout) else 3)
     panels = [
         (axes[0][0], "env_steps", "success_rate", "environment steps", "success rate"),
         (axes[0][1], "env_steps", "mean_return", "environment steps", "mean return"),
         (axes[0][2], "version", "success_rate", "policy version", "success rate"),
     ]
+    if any(heldout):
+        ax = axes[0][3]
+        for i, (run, rows) in enumerate(zip(runs, heldout, strict=True)):
+            if rows:
+                ax.plot([r["version"] for r in rows], [r["success_rate"] for r in rows], "o-",
+                        color=_colour(i), markersize=4, label=run.label)  # fmt: skip
+        ax.set_title(f"held-out tasks ({heldout[0][0]['rollouts'] if heldout[0] else '…'} "
+                     "rollouts a version)", fontsize=9)  # fmt: skip
+        panels.append((ax, None, "success_rate", "policy version", "held-out success rate"))
     for i, run in enumerate(runs):
         by_steps = _rows(run.con, _CURVE_BY_STEPS)
         by_version = _rows(run.con, _PER_VERSION)
         for ax, x, y, _, _ in panels:
+            if x is None:  # the held-out panel, drawn above
+                continue
             rows = by_steps if x == "env_steps" else by_version
             _curve(ax, [r[x] for r in rows], [r[y] for r in rows], _colour(i), run.label)
     for ax, _, y, xlabel, ylabel in panels:
@@ -836,4 +853,9 @@ def _run_summary(con) -> list[str]:
         """,
     )[0]
     lines += _table([learner], list(learner)) if learner["updates"] else ["no learner metrics yet"]
+    heldout = _rows(con, "SELECT * FROM heldout")
+    if heldout:
+        lines += ["", "## Held-out evaluation", "",
+                  "Every version below played the same held-out tasks (`gagpo run`, [run] eval_groups).",
+                  "", *_table(heldout, list(heldout[0]))]  # fmt: skip
     return lines

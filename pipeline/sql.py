@@ -13,6 +13,8 @@
     policy_versions  one row per policy version: published, latest, what it generated
     learner_metrics  one row per learner update (empty but typed before the learner runs)
     learner_histograms  one row per (histogram, update, bin): staleness, behaviour weights …
+    heldout          one row per evaluated policy version: success on the run's held-out tasks
+                     (eval/heldout.parquet, `gagpo run` with [run] eval_groups; else empty)
 
 Confinement works by never letting DuckDB touch a file system. The store's committed
 files are listed here, in Python, and handed to DuckDB as Arrow datasets that pyarrow
@@ -53,7 +55,7 @@ import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import ADVANTAGES, LEARNER, POLICY, Store
+from gagpo.schemas.store import ADVANTAGES, EVAL, HELDOUT, LEARNER, POLICY, Store
 
 # Same default as the advantage stage (docs/design.md §4); used only where no advantages exist.
 DEFAULT_GAMMA = 0.95
@@ -163,6 +165,7 @@ VIEWS = {
     "policy_versions": "one policy version: published, is_latest, what it generated",
     "learner_metrics": "one learner update: loss, KL, clipping, behaviour weights",
     "learner_histograms": "one bin of one learner histogram at one update",
+    "heldout": "one evaluated policy version: success on the same held-out tasks",
 }
 
 
@@ -207,6 +210,9 @@ def open_store_db(
         "policy": _policy_table(store),
         "learner_metrics": _learner_metrics_source(store, filesystem),
         "learner_histograms": _learner_histograms_table(store),
+        "heldout": _parquet_source(
+            filesystem, _committed(store, store.path(EVAL, HELDOUT)), C.HELDOUT_SCHEMA
+        ),
     }
     for name, source in sources.items():
         con.register(f"_gagpo_{name}", source)
@@ -516,6 +522,7 @@ def _view_statements(gamma: float) -> Iterable[str]:
     yield "CREATE VIEW estimators AS SELECT * FROM _gagpo_estimators"
     yield "CREATE VIEW learner_metrics AS SELECT * FROM _gagpo_learner_metrics"
     yield "CREATE VIEW learner_histograms AS SELECT * FROM _gagpo_learner_histograms"
+    yield "CREATE VIEW heldout AS SELECT * FROM _gagpo_heldout ORDER BY policy_version"
     # G_t = Σ_{k≥t} γ^(k−t) r_k, as a suffix sum within fixed blocks of B steps plus the
     # next block's total (see _return_block): window sums only, exact for long rollouts.
     yield f"""

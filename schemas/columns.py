@@ -158,6 +158,12 @@ LEARNER_METRICS_SCHEMA = pa.schema(
     ]
 )
 
+# eval/heldout.parquet: one row per evaluated policy version, all on the same held-out tasks
+# (`gagpo run` with [run] eval_groups, workflows/evaluate.py).
+HELDOUT_SCHEMA = pa.schema([("policy_version", pa.int64()), ("rollouts", pa.int64()),
+                            ("success_rate", pa.float64()), ("valid_rate", pa.float64()),
+                            ("mean_return", pa.float64()), ("task_seed", pa.int64())])  # fmt: skip
+
 
 def schema_major(version: str) -> int:
     """Major part of a "MAJOR.MINOR" schema version string."""

@@ -136,3 +136,25 @@ def test_store_labels(tmp_path):
     assert parse_store_spec("runs/a") == (None, "runs/a")
     with pytest.raises(GagpoError, match="label 'a' is given twice"):
         write_report(["a=x", "a=y"], tmp_path / "never")
+
+
+def test_report_shows_the_heldout_evaluation(known_store, tmp_path):
+    from gagpo.schemas import columns as C
+    from gagpo.schemas.store import EVAL, HELDOUT
+
+    before = write_report(known_store.root, tmp_path / "before")
+    table = pa.Table.from_pylist(
+        [{"policy_version": v, "rollouts": 16, "success_rate": s, "valid_rate": 1.0,
+          "mean_return": s, "task_seed": 7} for v, s in ((0, 0.25), (5, 0.75))],
+        schema=C.HELDOUT_SCHEMA,
+    )  # fmt: skip
+    known_store.write_parquet(table, known_store.path(EVAL, HELDOUT), {b"gagpo.eval": b"test"})
+    after = write_report(known_store.root, tmp_path / "after")
+    summary = after.summary.read_text()
+    assert "## Held-out evaluation" in summary and "| 5 | 16 | 0.75 | 1 | 0.75 | 7 |" in summary
+    assert "Held-out" not in before.summary.read_text()
+    # The learning curves gain a fourth panel: a wider figure than without the evaluation.
+    from PIL import Image
+
+    width = lambda r: Image.open(r.summary.parent / "learning_curves.png").size[0]  # noqa: E731
+    assert width(after) > width(before) * 1.2

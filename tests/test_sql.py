@@ -370,6 +370,24 @@ def test_learner_histograms(known_store):
     assert [(r["low"], r["high"], r["n"]) for r in got] == [(0.0, 2.0, 8), (2.0, 4.0, 4)]
 
 
+def test_heldout_view_reads_the_runs_evaluation(known_store):
+    import pyarrow as pa
+
+    from gagpo.schemas import columns as C
+    from gagpo.schemas.store import EVAL, HELDOUT
+
+    assert rows(sql.open_store_db(known_store), "SELECT * FROM heldout") == []
+    table = pa.Table.from_pylist(
+        [{"policy_version": v, "rollouts": 8, "success_rate": s, "valid_rate": 1.0,
+          "mean_return": 2.0 * s, "task_seed": 9} for v, s in ((10, 0.5), (0, 0.25))],
+        schema=C.HELDOUT_SCHEMA,
+    )  # fmt: skip
+    known_store.write_parquet(table, known_store.path(EVAL, HELDOUT), {b"gagpo.eval": b"test"})
+    got = rows(sql.open_store_db(known_store), "SELECT policy_version, success_rate FROM heldout")
+    assert got == [{"policy_version": 0, "success_rate": 0.25},
+                   {"policy_version": 10, "success_rate": 0.5}]  # fmt: skip
+
+
 def test_empty_store_views_work(store_dir):
     connection = sql.open_store_db(str(store_dir))
     for view in sql.VIEWS:

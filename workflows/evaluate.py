@@ -18,13 +18,9 @@ import tempfile
 
 import pyarrow as pa
 
+from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
-from gagpo.schemas.store import Store
-
-EVAL_FILE = ("eval", "heldout.parquet")
-EVAL_SCHEMA = pa.schema([("policy_version", pa.int64()), ("rollouts", pa.int64()),
-                         ("success_rate", pa.float64()), ("valid_rate", pa.float64()),
-                         ("mean_return", pa.float64()), ("task_seed", pa.int64())])  # fmt: skip
+from gagpo.schemas.store import EVAL, HELDOUT, Store
 
 
 def versions_to_evaluate(store: Store, every: int) -> list[int]:
@@ -40,8 +36,6 @@ def evaluate_version(store: Store, version: int, actors: ActorConfig, *, groups:
     import polars as pl
 
     from gagpo.actors.actor import run_actor
-    from gagpo.schemas import columns as C
-
     with tempfile.TemporaryDirectory(prefix="gagpo-eval-") as scratch:
         config = actors.model_copy(update={
             "store": scratch, "policy": store.policy_dir(version), "groups": groups, "seed": seed,
@@ -69,7 +63,7 @@ def evaluate_run(store_url: str, actors: ActorConfig, *, groups: int, every: int
         echo(f"held-out evaluation: v{version} ({i}/{len(versions)}): "
              f"success {rows[-1]['success_rate']:.1%}")  # fmt: skip
     meta = {b"gagpo.eval": f"groups={groups} group_size={actors.group_size} seed={seed}".encode()}
-    store.write_parquet(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), store.path(*EVAL_FILE), meta)
+    store.write_parquet(pa.Table.from_pylist(rows, schema=C.HELDOUT_SCHEMA), store.path(EVAL, HELDOUT), meta)
     return rows
 
 
