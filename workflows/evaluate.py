@@ -36,6 +36,7 @@ def evaluate_version(store: Store, version: int, actors: ActorConfig, *, groups:
     import polars as pl
 
     from gagpo.actors.actor import run_actor
+
     with tempfile.TemporaryDirectory(prefix="gagpo-eval-") as scratch:
         config = actors.model_copy(update={
             "store": scratch, "policy": store.policy_dir(version), "groups": groups, "seed": seed,

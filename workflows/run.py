@@ -158,8 +158,7 @@ def run(
         if config.eval_groups:
             from gagpo.workflows.evaluate import evaluate_run, table
 
-            evaluated = actor_cfg.model_copy(update={"policy": "tiny"})  # replaced per version
-            rows = evaluate_run(store, evaluated, groups=config.eval_groups,
+            rows = evaluate_run(store, actor_cfg, groups=config.eval_groups,
                                 every=config.eval_every, seed=config.eval_seed, echo=echo)  # fmt: skip
             if rows:
                 echo(table(rows, config.eval_groups, actor_cfg.group_size))
