@@ -31,23 +31,30 @@ def versions_to_evaluate(store: Store, every: int) -> list[int]:
     return sorted({v for v in complete if v % every == 0} | set(complete[-1:]))
 
 
-def evaluate_version(store: Store, version: int, actors: ActorConfig, *, groups: int, seed: int) -> dict:
-    """Success, valid replies and mean return of `version` on the held-out tasks."""
+def play(actors: ActorConfig, store: str | None = None) -> dict:
+    """Roll out `actors` (a fixed `groups` job, run id "eval": reproducible sampling seeds)
+    into `store`, or a scratch store; its rollouts, success rate, valid-reply rate and
+    mean return."""
     import polars as pl
 
     from gagpo.actors.actor import run_actor
 
     with tempfile.TemporaryDirectory(prefix="gagpo-eval-") as scratch:
-        config = actors.model_copy(update={
-            "store": scratch, "policy": store.policy_dir(version), "groups": groups, "seed": seed,
-            "follow": False, "run_id": "eval", "groups_per_shard": groups, "expert": False,
-        })  # fmt: skip
+        url = store or scratch
+        config = actors.model_copy(update={"store": url, "follow": False, "run_id": "eval",
+                                           "groups_per_shard": actors.groups, "expert": False})  # fmt: skip
         summary = run_actor(config)
-        steps = pl.scan_parquet([ref.path for ref in Store(scratch).list_shards()])
+        steps = pl.scan_parquet([ref.path for ref in Store(url).list_shards()])
         valid, total = steps.select(pl.col(C.ACTION_VALID).mean(), pl.col(C.REWARD).sum()).collect().row(0)
-    return {"policy_version": version, "rollouts": summary.rollouts,
-            "success_rate": summary.success_rate, "valid_rate": float(valid),
-            "mean_return": float(total) / max(summary.rollouts, 1), "task_seed": seed}  # fmt: skip
+    return {"rollouts": summary.rollouts, "success_rate": summary.success_rate,
+            "valid_rate": float(valid), "mean_return": float(total) / max(summary.rollouts, 1)}  # fmt: skip
+
+
+def evaluate_version(store: Store, version: int, actors: ActorConfig, *, groups: int, seed: int) -> dict:
+    """Success, valid replies and mean return of `version` on the held-out tasks."""
+    played = play(actors.model_copy(update={"policy": store.policy_dir(version), "groups": groups,
+                                            "seed": seed}))  # fmt: skip
+    return {"policy_version": version, **played, "task_seed": seed}
 
 
 def evaluate_run(store_url: str, actors: ActorConfig, *, groups: int, every: int, seed: int,

@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -203,37 +202,13 @@ def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
 def evaluate(
     policy: str, cfg: WarmstartConfig, *, groups: int, store: str | None = None, seed: int = 0
 ) -> dict[str, float]:
-    """Success and valid-reply rates of `policy` on `cfg.env`: `groups` groups of 4 rollouts
-    from task `seed` on, sampled at temperature 1 as RL actors sample."""
-    import polars as pl
-
-    from gagpo.actors.actor import run_actor
-    from gagpo.schemas import columns as C
+    """Success and valid-reply rates (and mean return) of `policy` on `cfg.env`: `groups`
+    groups of 4 rollouts from task `seed` on, sampled at temperature 1 as RL actors sample."""
     from gagpo.schemas.config import ActorConfig, SamplingConfig
-    from gagpo.schemas.store import Store
+    from gagpo.workflows.evaluate import play
 
-    with tempfile.TemporaryDirectory(prefix="gagpo-eval-") as scratch:
-        url = store or scratch
-        summary = run_actor(
-            ActorConfig(
-                store=url,
-                env=cfg.env,
-                env_options=cfg.env_options,
-                policy=policy,
-                groups=groups,
-                group_size=4,
-                max_turns=cfg.max_turns,
-                history_window=cfg.history_window,
-                seed=seed,
-                groups_per_shard=groups,
-                run_id="eval",  # sampling seeds derive from it: a reproducible evaluation
-                sampling=SamplingConfig(max_prompt_tokens=cfg.max_prompt_tokens),
-            )
-        )
-        paths = [ref.path for ref in Store(url).list_shards()]
-        valid = pl.scan_parquet(paths).select(pl.col(C.ACTION_VALID).mean()).collect().item()
-    return {
-        "success_rate": summary.success_rate,
-        "valid_rate": float(valid),
-        "rollouts": summary.rollouts,
-    }
+    actors = ActorConfig(store="-", env=cfg.env, env_options=cfg.env_options, policy=policy,
+                         groups=groups, group_size=4, max_turns=cfg.max_turns,
+                         history_window=cfg.history_window, seed=seed,
+                         sampling=SamplingConfig(max_prompt_tokens=cfg.max_prompt_tokens))  # fmt: skip
+    return play(actors, store)  # store "-" above: play() sets the real one

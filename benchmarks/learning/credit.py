@@ -57,16 +57,19 @@ def optimal_moves(grid: str) -> frozenset[str]:
 
 
 def label(steps: pl.DataFrame) -> pl.DataFrame:
-    """traj_id, step, policy_version and `optimal` (bool) for the labelled steps."""
-    moves = [parse_action(text, MOVES) for text in steps[C.ACTION_TEXT]]
-    keys = steps[C.STATE_KEY].to_list()
-    labelled = [bool(moves_to_go(k)) for k in keys]
-    optimal = [m in optimal_moves(k) for m, k in zip(moves, keys, strict=True)]
+    """traj_id, step, policy_version and `optimal` (bool) for the labelled steps. The parser
+    and the solver run once per distinct reply and per distinct state, not per step."""
+    replies = steps.select(C.ACTION_TEXT).unique().with_columns(
+        move=pl.col(C.ACTION_TEXT).map_elements(lambda t: parse_action(t, MOVES), pl.String))
+    states = steps.select(C.STATE_KEY).unique().with_columns(
+        best=pl.col(C.STATE_KEY).map_elements(lambda k: sorted(optimal_moves(k)), pl.List(pl.String)))  # fmt: skip
     return (
-        steps.select(C.TRAJ_ID, C.STEP, C.POLICY_VERSION)
-        .with_columns(labelled=pl.Series(labelled), optimal=pl.Series(optimal))
-        .filter("labelled")
-        .drop("labelled")
+        steps.select(C.TRAJ_ID, C.STEP, C.POLICY_VERSION, C.STATE_KEY, C.ACTION_TEXT)
+        .join(replies, on=C.ACTION_TEXT)
+        .join(states, on=C.STATE_KEY)
+        .filter(pl.col("best").list.len() > 0)  # solved or unsolvable states carry no label
+        .select(C.TRAJ_ID, C.STEP, C.POLICY_VERSION,
+                optimal=pl.col("best").list.contains(pl.col("move")).fill_null(False))
     )
 
 
@@ -100,7 +103,8 @@ def read_steps(store: Path, max_version: int | None) -> pl.DataFrame:
     files = sorted(glob.glob(str(store / "shards" / "**" / "*.parquet"), recursive=True))
     if not files:
         raise SystemExit(f"credit: no shards under {store}/shards/; accepted: a store a run wrote")
-    steps = pl.concat([pl.read_parquet(f, hive_partitioning=False) for f in files], how="diagonal_relaxed")
+    columns = [*C.ADVANTAGE_INPUT_COLUMNS, C.ACTION_TEXT, C.POLICY_VERSION, C.ENV]
+    steps = pl.concat([pl.read_parquet(f, columns=columns, hive_partitioning=False) for f in files])
     if (steps[C.ENV] != "sokoban").any():
         raise SystemExit(f"credit: {store} holds non-Sokoban steps; only Sokoban has an exact solver here")
     return steps if max_version is None else steps.filter(pl.col(C.POLICY_VERSION) <= max_version)
