@@ -123,20 +123,31 @@ def learner_command(
     from gagpo.learner.train import train  # heavy: torch, transformers
 
     summary = train(config, echo=None if quiet else _echo)
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if main_rank:  # under torchrun, one summary
         click.echo(
             f"learner: {summary.updates} update(s) done, policy v{summary.version} published; "
             f"{summary.groups} group(s) trained in this run, {summary.stale_groups} dropped as "
             f"stale, {summary.rejected_shards} shard(s) rejected"
         )
+    code = 0
     if summary.stopped is not None:  # fewer updates than asked: say why, exit non-zero
-        if os.environ.get("RANK", "0") == "0":
+        if main_rank:
             click.echo(
                 f"gagpo-learner: stopped after {summary.updates} of {config.updates} updates: "
                 f"{summary.stopped}",
                 err=True,
             )
-        sys.exit(EXIT_STOPPED_EARLY)
+        code = EXIT_STOPPED_EARLY
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Everything is committed and the process group destroyed. Skip the interpreter's
+        # teardown, where C++ static destructors run: once, in CI under load, a rank
+        # aborted there ("terminate called without an active exception") after its work.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)
 
 
 def _echo(line: str) -> None:
