@@ -156,6 +156,58 @@ def test_household_expert_solves_every_goal_kind() -> None:
             assert tr.next_state_key is None and tr.admissible == ()
 
 
+def test_household_small_room_and_goal_kinds() -> None:
+    """`room = "small"`: the eight receptacles of one type each, 2–4 distractors; `goals`
+    restricts the kinds drawn; the expert solves every such task; the full room is unchanged."""
+    env = Household(room="small", goals=["pick_place", "heat"])
+    kinds = set()
+    for seed in range(60):
+        env.reset(seed)
+        layout = env._layout
+        assert len(layout.receptacles) == 8
+        assert len({r.rsplit(" ", 1)[0] for r in layout.receptacles}) == 8
+        assert 3 <= len(layout.objects) <= 5  # the goal object and 2–4 others
+        kinds.add(env.goal.kind)
+        for command in env.expert_plan():
+            tr = env.step(command)
+        assert tr.won
+    assert kinds == {"pick_place", "heat"}
+    full, default = Household(room="full"), Household()
+    for seed in range(20):  # the default draws the same tasks as before these options
+        assert full.reset(seed) == default.reset(seed)
+    sizes = set()
+    for seed in range(40):
+        default.reset(seed)
+        sizes.add(len(default._layout.receptacles))
+    assert len(sizes) > 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"room": "huge"}, "household room 'huge' not accepted; accepted: full, small"),
+        ({"goals": ["fly"]}, r"household goals \['fly'\] not accepted; accepted: one or more of pick_place"),
+        ({"goals": []}, "household goals"),
+    ],
+)
+def test_household_rejects_unknown_options(options, message) -> None:
+    with pytest.raises(GagpoError, match=message):
+        Household(**options)
+
+
+def test_household_restates_the_task_every_turn() -> None:
+    """The goal stays in every observation (the prompt keeps only `history_window` earlier
+    turns), valid or not, and is not repeated once the task is done."""
+    env = Household(room="small")
+    env.reset(4)
+    task = f"Your task is to: {env.goal.text}"
+    plan = env.expert_plan()
+    assert env.step("xyzzy").observation.endswith(task)
+    for command in plan[:-1]:
+        assert env.step(command).observation.endswith(task)
+    assert task not in env.step(plan[-1]).observation
+
+
 # --- invalid actions, truncation, terminal steps ---------------------------------------
 
 
@@ -172,7 +224,7 @@ def test_invalid_replies_cost_a_penalty_and_change_nothing() -> None:
         assert tr.state_key == tr.next_state_key == first.state_key
         assert tr.admissible == first.admissible
         assert not tr.done and not tr.truncated
-    assert tr.observation == "Nothing happens."
+    assert tr.observation == f"Nothing happens.\n\nYour task is to: {env.goal.text}"
 
 
 def test_sokoban_wall_bump_is_a_valid_noop() -> None:

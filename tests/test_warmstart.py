@@ -160,6 +160,9 @@ def test_sft_lowers_nll_and_the_result_is_cached(warm):
     info = json.loads((folder.parent / "warmstart.json").read_text())
     assert info["nll_last"] < 0.5 * info["nll_first"]
     assert any("supervised update" in line for line in log)
+    progress = [line for line in log if line.startswith("warm start: SFT update ")]
+    assert [line.split()[4] for line in progress] == [f"{u}/16" for u in range(2, 17, 2)]
+    assert all("loss" in line for line in progress)
     assert again == [f"warm start: cached at {folder.parent}"]
     assert not list(folder.parent.parent.glob(".*tmp*"))  # built under a temporary name
 
@@ -172,3 +175,18 @@ def test_warm_started_policy_beats_the_untrained_one(warm):
     warmed = evaluate(str(folder), cfg, groups=32)  # `--policy <folder>`: weights and tokenizer
     assert warmed["valid_rate"] > untrained["valid_rate"] + 0.5
     assert warmed["success_rate"] > untrained["success_rate"]
+
+
+def test_cache_key_follows_the_environments_revision(monkeypatch):
+    """A built-in environment whose observations changed (its `revision`) gets new warm-start
+    cache keys; environments without one keep theirs."""
+    from gagpo.actors.envs.household import Household
+    from gagpo.actors.envs.sokoban import Sokoban
+    from gagpo.workflows.warmstart import WarmstartConfig, cache_key
+
+    household, sokoban = WarmstartConfig(env="household"), WarmstartConfig(env="sokoban")
+    keys = cache_key(household), cache_key(sokoban)
+    monkeypatch.setattr(Household, "revision", Household.revision + 1, raising=False)
+    monkeypatch.setattr(Sokoban, "revision", 0, raising=False)
+    assert cache_key(household) != keys[0]
+    assert cache_key(sokoban) == keys[1]

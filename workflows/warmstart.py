@@ -92,15 +92,23 @@ def policy_identity(policy: str) -> str:
 
 
 def cache_key(cfg: WarmstartConfig) -> str:
-    blob = json.dumps(
-        {
-            "format": WARMSTART_FORMAT,
-            "config": cfg.model_dump(mode="json", exclude={"eval_groups"}),
-            "policy": policy_identity(cfg.policy),
-        },
-        sort_keys=True,
-    )
+    what = {
+        "format": WARMSTART_FORMAT,
+        "config": cfg.model_dump(mode="json", exclude={"eval_groups"}),
+        "policy": policy_identity(cfg.policy),
+    }
+    if revision := env_revision(cfg.env):  # its observations changed: old demos prompt otherwise
+        what["env_revision"] = revision
+    blob = json.dumps(what, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def env_revision(env: str) -> int:
+    """A built-in environment's `revision` (0 for others): bumped when its observations or
+    instructions change, so that warm starts trained on the old text are rebuilt."""
+    from gagpo.actors.envs import ENVIRONMENTS
+
+    return getattr(ENVIRONMENTS.get(env), "revision", 0)
 
 
 def cached(cfg: WarmstartConfig) -> Path | None:
@@ -168,7 +176,7 @@ def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
         checkpoint_every=10**9,
         keep_versions=1,
     )
-    summary = train(sft, echo=None)
+    summary = train(sft, echo=_every_nth_update(echo, max(1, cfg.updates // 8)))
     metrics = read_metrics(Store(store))
     nll = metrics["loss"].to_list()
     echo(f"warm start: NLL per action token {nll[0]:.3f} → {nll[-1]:.3f} in {len(nll)} updates")
@@ -197,6 +205,17 @@ def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
         )
     # Written last: its presence marks a complete warm start (see `cached`).
     (folder / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _every_nth_update(echo, n: int):
+    """The learner's per-update lines, every `n`-th, cut to update, ETA and loss."""
+
+    def line(text: str) -> None:
+        number = text.split(" ", 2)[1].split("/")[0] if text.startswith("update ") else ""
+        if number.isdigit() and int(number) % n == 0:
+            echo("warm start: SFT " + "  ".join(text.split("  ")[:3]))
+
+    return line
 
 
 def evaluate(

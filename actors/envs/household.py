@@ -95,6 +95,8 @@ GOAL_OBJECTS: dict[str, tuple[str, ...]] = {
 MAX_NUMBER = 5
 MAX_PER_OBJECT_TYPE = 3
 LAMP = "desklamp 1"
+_LAMP_TABLES = ("desk", "sidetable")  # the lamp stands on one of these
+_SMALL_ROOM = ("cabinet", "countertop", "drawer", "fridge", "microwave", "shelf", "sinkbasin")
 SINK, MICROWAVE, FRIDGE = "sinkbasin 1", "microwave 1", "fridge 1"
 VERBS = (
     "go",
@@ -191,9 +193,20 @@ def _plural(obj: str) -> str:
     return {"knife": "knives", "potato": "potatoes", "tomato": "tomatoes"}.get(obj, obj + "s")
 
 
-def generate(seed: int) -> tuple[Layout, World]:
-    """The task and starting world of `seed`: the goal is never already met at the start."""
+ROOMS = ("full", "small")
+
+
+def generate(
+    seed: int, goals: tuple[str, ...] = GOAL_KINDS, room: str = "full"
+) -> tuple[Layout, World]:
+    """The task and starting world of `seed`: the goal is never already met at the start.
+
+    `goals`: the task kinds drawn from. `room = "small"`: one of each receptacle type
+    (eight receptacles: no optional ones) and 2–4 distractor objects, for small policies."""
     rng = random.Random(seed)
+    if room == "small":
+        lamp_type = rng.choice(_LAMP_TABLES)
+        return _populate(rng, dict.fromkeys((*_SMALL_ROOM, lamp_type), 1), lamp_type, goals, (2, 4))
     counts = {
         "cabinet": rng.randint(2, MAX_NUMBER),
         "countertop": rng.randint(1, 2),
@@ -203,7 +216,7 @@ def generate(seed: int) -> tuple[Layout, World]:
         "sinkbasin": 1,
         "shelf": rng.randint(1, 2),
     }
-    lamp_type = rng.choice(("desk", "sidetable"))
+    lamp_type = rng.choice(_LAMP_TABLES)
     counts[lamp_type] = 1
     for optional, chance in (
         ("desk", 0.5),
@@ -213,6 +226,17 @@ def generate(seed: int) -> tuple[Layout, World]:
     ):
         if optional not in counts and rng.random() < chance:
             counts[optional] = 1
+    return _populate(rng, counts, lamp_type, goals, (4, 8))
+
+
+def _populate(
+    rng: random.Random,
+    counts: dict[str, int],
+    lamp_type: str,
+    goals: tuple[str, ...],
+    distractors: tuple[int, int],
+) -> tuple[Layout, World]:
+    """Receptacles from `counts`, a goal of one of `goals`, objects and open doors."""
     receptacles = tuple(
         f"{t} {i}" for t in RECEPTACLE_TYPES if t in counts for i in range(1, counts[t] + 1)
     )
@@ -221,7 +245,7 @@ def generate(seed: int) -> tuple[Layout, World]:
         kind = rng.choice(types)
         return f"{kind} {rng.randint(1, counts[kind])}"
 
-    kind = rng.choice(GOAL_KINDS)
+    kind = rng.choice(goals)
     obj = rng.choice(GOAL_OBJECTS[kind])
     homes = [t for t in OBJECT_HOMES[obj] if t in counts]
     target: str | None = None
@@ -239,7 +263,7 @@ def generate(seed: int) -> tuple[Layout, World]:
 
     for _ in range(goal.count):
         place(obj, somewhere(homes))
-    for _ in range(rng.randint(4, 8)):  # distractors, never of the goal's type
+    for _ in range(rng.randint(*distractors)):  # distractors, never of the goal's type
         others = [o for o, n in per_type.items() if o != obj and n < MAX_PER_OBJECT_TYPE]
         other = rng.choice(others)
         place(other, somewhere([t for t in OBJECT_HOMES[other] if t in counts]))
@@ -432,11 +456,26 @@ class Household:
     """ALFWorld-like household tasks; reward 1 and done on completing the goal."""
 
     name = "household"
+    revision = 1  # 1: the task is restated in every observation (warm-start caches key on it)
 
-    def __init__(self, max_turns: int = 30) -> None:
+    def __init__(
+        self, max_turns: int = 30, *, goals: tuple[str, ...] = GOAL_KINDS, room: str = "full"
+    ) -> None:
+        """`goals`: the task kinds to draw (any of GOAL_KINDS); `room`: "full" (ALFWorld-sized,
+        9–17 receptacles) or "small" (one of each type, eight in all, fewer objects)."""
         if max_turns < 1:
             raise GagpoError(f"max_turns must be at least 1, got {max_turns}")
+        goals = tuple(goals)
+        unknown = sorted(set(goals) - set(GOAL_KINDS))
+        if not goals or unknown:
+            raise GagpoError(
+                f"household goals {unknown or '[]'} not accepted; accepted: one or more of {', '.join(GOAL_KINDS)}"
+            )
+        if room not in ROOMS:
+            raise GagpoError(f"household room {room!r} not accepted; accepted: {', '.join(ROOMS)}")
         self.max_turns = max_turns
+        self.goals = goals
+        self.room = room
         self._layout: Layout | None = None
         self._world: World | None = None
         self._plan: list[str] = []
@@ -450,7 +489,7 @@ class Household:
         return self._layout.goal if self._layout is not None else None
 
     def reset(self, task_seed: int) -> Reset:
-        self._layout, self._world = generate(task_seed)
+        self._layout, self._world = generate(task_seed, self.goals, self.room)
         self._plan = expert_plan(self._layout, self._world)
         self._admissible = admissible(self._layout, self._world)
         self._turn = 0
@@ -478,6 +517,8 @@ class Household:
                 observation += " You have completed the task."
         else:
             observation, reward, after = NOTHING_HAPPENS, INVALID_ACTION_PENALTY, before
+        if not done:  # the task is restated every turn: the prompt keeps few earlier turns
+            observation += f"\n\nYour task is to: {layout.goal.text}"
         truncated = not done and self._turn >= self.max_turns
         self._over = done or truncated
         return Transition(
