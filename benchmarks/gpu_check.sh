@@ -37,6 +37,8 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 WORK=$(mktemp -d)
 export GAGPO_CACHE="$WORK/cache"
 failures=()
+# shellcheck source=benchmarks/gpu_env.sh
+source "$ROOT/benchmarks/gpu_env.sh"
 
 step() {
     local name=$1
@@ -49,23 +51,6 @@ step() {
         echo "-- $name: FAILED ($((SECONDS - t0))s)"
         failures+=("$name")
     fi
-}
-
-setup() {
-    if ! "$PY" -c "import pydantic, polars, ulid, zarr" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$WORK/site" .whl/*.whl || return 1
-        export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
-    fi
-    if ! "$PY" -c "import gagpo.learner.cli" 2>/dev/null; then
-        # Not installed: the layer folders, under the gagpo namespace, from this checkout.
-        mkdir -p "$WORK/src/gagpo"
-        for layer in schemas actors pipeline learner workflows; do
-            ln -s "$ROOT/$layer" "$WORK/src/gagpo/$layer"
-        done
-        export PYTHONPATH="$WORK/src:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-    fi
-    "$PY" -c "import gagpo.learner.cli, gagpo.actors.cli"
 }
 
 machine() {
@@ -119,7 +104,7 @@ bench() {
         --repeats 3 --out "$OUT/bench_vllm.json"
 }
 
-step "setup" setup || true
+step "setup" gpu_setup || true
 step "machine" machine
 step "pytest -m gpu" gpu_tests
 step "actors on $DEVICE" actors

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from gagpo.learner.cli import EXIT_STOPPED_EARLY
 from gagpo.schemas.config import ActorConfig, Config, load_config, read_toml
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import merge, parse_sets, split_sections
@@ -153,7 +154,7 @@ def run(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if code == 0:
+    if code in (0, EXIT_STOPPED_EARLY):  # stopped early: the learner said why; show what ran
         echo(summary(store))
         if config.eval_groups:
             from gagpo.workflows.evaluate import evaluate_run, table
@@ -252,10 +253,20 @@ def _group_use(con, store) -> str:
 
 def summary(store: str) -> str:
     """Success rate, valid replies and return per policy version, from the store's SQL views."""
-    from gagpo.pipeline.sql import open_store_db, run_query
+    from gagpo.pipeline.sql import close_store_db, open_store_db
     from gagpo.schemas.store import Store
 
     con = open_store_db(Store(store))
+    try:
+        return _summary(con, store)
+    finally:
+        close_store_db(con)
+
+
+def _summary(con, store: str) -> str:
+    from gagpo.pipeline.sql import run_query
+    from gagpo.schemas.store import Store
+
     top = run_query(con, "select max(policy_version) as v from trajectories").to_pylist()[0]["v"]
     # Long runs: consecutive versions share a row (at most SUMMARY_ROWS), so a row holds
     # enough rollouts for its rate to mean something.

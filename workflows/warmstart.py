@@ -135,50 +135,12 @@ def warmstart(cfg: WarmstartConfig, *, echo=print) -> Path:
 
 
 def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
-    from gagpo.actors.actor import run_actor
-    from gagpo.learner.config import LearnerConfig
-    from gagpo.learner.metrics import read_metrics
-    from gagpo.learner.train import train
-    from gagpo.schemas.config import ActorConfig, SamplingConfig
     from gagpo.schemas.store import Store
 
     store = str(folder / "store")
-    demos = run_actor(
-        ActorConfig(
-            store=store,
-            env=cfg.env,
-            env_options=cfg.env_options,
-            policy=cfg.policy,
-            groups=cfg.demos,
-            group_size=cfg.group_size,
-            max_turns=cfg.max_turns,
-            history_window=cfg.history_window,
-            seed=cfg.seed,
-            groups_per_shard=16,
-            expert=True,
-            expert_noise=cfg.noise,
-            run_id="demonstrations",  # reproducible noise
-            sampling=SamplingConfig(max_prompt_tokens=cfg.max_prompt_tokens),
-        )
-    )
+    demos = record_demonstrations(cfg, store)
     echo(f"warm start: {demos.steps} demonstration steps, expert success {demos.success_rate:.1%}")
-    # Replay over the same store: no waiting for actors, no staleness drop, each group once.
-    sft = LearnerConfig(
-        store=store,
-        replay=store,
-        policy=cfg.policy,
-        mode="sft",
-        updates=cfg.updates,
-        batch_groups=cfg.batch_groups,
-        lr=cfg.lr,
-        warmup_steps=cfg.warmup_steps,
-        write_advantages=False,
-        checkpoint_every=10**9,
-        keep_versions=1,
-    )
-    summary = train(sft, echo=_every_nth_update(echo, max(1, cfg.updates // 8)))
-    metrics = read_metrics(Store(store))
-    nll = metrics["loss"].to_list()
+    summary, nll = supervised(cfg, store, echo=echo)
     echo(f"warm start: NLL per action token {nll[0]:.3f} → {nll[-1]:.3f} in {len(nll)} updates")
     src = Path(Store(store).policy_dir(summary.version))
     shutil.copytree(src, folder / POLICY_DIR, ignore=shutil.ignore_patterns(".*"))
@@ -205,6 +167,59 @@ def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
         )
     # Written last: its presence marks a complete warm start (see `cached`).
     (folder / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def record_demonstrations(cfg: WarmstartConfig, store: str):
+    """`cfg.demos` expert (noisy-expert) groups as ordinary shards in `store`, prompted as
+    an RL actor of `cfg.policy` would be; returns the actor's summary."""
+    from gagpo.actors.actor import run_actor
+    from gagpo.schemas.config import ActorConfig, SamplingConfig
+
+    return run_actor(
+        ActorConfig(
+            store=store,
+            env=cfg.env,
+            env_options=cfg.env_options,
+            policy=cfg.policy,
+            groups=cfg.demos,
+            group_size=cfg.group_size,
+            max_turns=cfg.max_turns,
+            history_window=cfg.history_window,
+            seed=cfg.seed,
+            groups_per_shard=16,
+            expert=True,
+            expert_noise=cfg.noise,
+            run_id="demonstrations",  # reproducible noise
+            sampling=SamplingConfig(max_prompt_tokens=cfg.max_prompt_tokens),
+        )
+    )
+
+
+def supervised(cfg: WarmstartConfig, store: str, replay: str | None = None, echo=None):
+    """SFT of `cfg.policy` on the demonstrations in `replay` (default: `store`), each group
+    once, versions published in `store`; returns the learner's summary and NLL per update."""
+    from gagpo.learner.config import LearnerConfig
+    from gagpo.learner.metrics import read_metrics
+    from gagpo.learner.train import train
+    from gagpo.schemas.store import Store
+
+    # Replay: no waiting for actors, no staleness drop, each group once.
+    sft = LearnerConfig(
+        store=store,
+        replay=replay or store,
+        policy=cfg.policy,
+        mode="sft",
+        updates=cfg.updates,
+        batch_groups=cfg.batch_groups,
+        lr=cfg.lr,
+        warmup_steps=cfg.warmup_steps,
+        write_advantages=False,
+        checkpoint_every=10**9,
+        keep_versions=1,
+    )
+    progress = _every_nth_update(echo, max(1, cfg.updates // 8)) if echo else None
+    summary = train(sft, echo=progress)
+    return summary, read_metrics(Store(store))["loss"].to_list()
 
 
 def _every_nth_update(echo, n: int):
