@@ -159,6 +159,7 @@ def test_sft_lowers_nll_and_the_result_is_cached(warm):
     _, folder, log, again = warm
     info = json.loads((folder.parent / "warmstart.json").read_text())
     assert info["nll_last"] < 0.5 * info["nll_first"]
+    assert info["key"] == folder.parent.name  # the cache key, not the temporary build name
     assert any("supervised update" in line for line in log)
     progress = [line for line in log if line.startswith("warm start: SFT update ")]
     assert [line.split()[4] for line in progress] == [f"{u}/16" for u in range(2, 17, 2)]

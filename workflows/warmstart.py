@@ -146,7 +146,7 @@ def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
     shutil.copytree(src, folder / POLICY_DIR, ignore=shutil.ignore_patterns(".*"))
     shutil.rmtree(Path(store) / "learner" / "checkpoints", ignore_errors=True)
     info = {
-        "key": folder.name,
+        "key": cache_key(cfg),  # folder is the temporary build folder here
         "config": cfg.model_dump(mode="json"),
         "demo_steps": demos.steps,
         "demo_success_rate": demos.success_rate,
