@@ -239,9 +239,11 @@ def test_expert_plan_solves_generated_tasks_of_every_type(task_type: str) -> Non
         plan = env.expert_plan()
         assert plan and plan[0] in first.admissible
         key = first.state_key
+        task = next(ln for ln in first.observation.splitlines() if ln.startswith("Your task is to:"))
         for i, command in enumerate(plan):
             tr = env.step(command)
             assert tr.action_valid and tr.state_key == key
+            assert tr.observation.endswith(task) != tr.done  # restated until the task is done
             assert tr.reward == (1.0 if tr.done else 0.0) and tr.done == (i == len(plan) - 1)
             key = tr.next_state_key
         assert tr.done and tr.next_state_key is None and tr.admissible == ()

@@ -58,6 +58,7 @@ STATIC_PREDICATES = frozenset({
     "objectatlocation",
 })  # fmt: skip
 HIDDEN_COMMANDS = frozenset({"help"})
+TASK_PREFIX = "Your task is to:"  # the line of the first observation restated every turn
 VERBS = ("go", "to", "open", "close", "take", "from", "move", "put", "in", "on", "heat",
          "cool", "clean", "with", "use", "examine", "inventory", "look", "slice")  # fmt: skip
 _PUT = re.compile(r"^(?:put|place) (.+?) (?:in/on|in|on|into|onto|to) (.+)$")
@@ -208,6 +209,7 @@ class ALFWorld:
     """ALFWorld text tasks; reward 1 and done on success."""
 
     name = "alfworld"
+    revision = 1  # 1: the task is restated in every observation (warm-start caches key on it)
 
     def __init__(
         self,
@@ -241,6 +243,7 @@ class ALFWorld:
         self._game: Path | None = None
         self._state_key = ""
         self._admissible: tuple[str, ...] = ()
+        self._task: str | None = None
         self._turn = 0
         self._over = True
 
@@ -269,6 +272,7 @@ class ALFWorld:
         lines = [
             ln for ln in state.feedback.strip().splitlines() if not ln.startswith("-= Welcome")
         ]
+        self._task = next((ln.strip() for ln in lines if ln.startswith(TASK_PREFIX)), None)
         return Reset("\n".join(lines).strip(), self._state_key, self._admissible)
 
     def _key(self, game: Path) -> str:

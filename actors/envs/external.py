@@ -106,9 +106,13 @@ def end_turn(
 ) -> Transition:
     """The transition of a turn of an engine-backed environment (textworld, alfworld):
     truncation at the turn limit, no next state or admissible actions after a terminal.
-    `won`: the game reports its task accomplished (a lost game is done, not won)."""
+    `won`: the game reports its task accomplished (a lost game is done, not won). An
+    environment with a `_task` sentence has it appended to every observation but the last."""
     truncated = not done and env._turn >= env.max_turns
     env._over = done or truncated
+    task = getattr(env, "_task", None)
+    if task and not done:  # restated every turn: the prompt keeps few earlier turns
+        observation += f"\n\n{task}"
     return Transition(
         observation=observation,
         state_key=before,
