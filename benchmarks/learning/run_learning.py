@@ -216,7 +216,7 @@ def report(args) -> str:
 
     lines = [
         "| env | start | estimator | seeds | start success | final success | env steps to target "
-        "(reached/seeds) | final valid replies | advantage IQR |",
+        "(reached/seeds) | valid replies, version 0 → final | advantage IQR |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for env in args.envs:
@@ -236,7 +236,9 @@ def report(args) -> str:
                 continue
             first = [r["success"][0] for rs in cells.values() for r in rs]
             target = float(np.mean(first)) + args.target_gain
-            keys = ["success"] + (["valid"] if start == "untrained" else [])
+            # valid replies are a second curve where they have room to move (untrained, household)
+            moves = min(r["valid"][0] for rs in cells.values() for r in rs) < 0.95
+            keys = ["success"] + (["valid"] if moves else [])
             fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), squeeze=False)
             for est, results in cells.items():
                 if not results:
@@ -254,7 +256,9 @@ def report(args) -> str:
                     f"{np.mean([_final(r) for r in results]):.1%} ± "
                     f"{np.std([_final(r) for r in results]):.1%} | "
                     f"{f'{np.mean(reached):.0f}' if reached else '—'} ({len(reached)}/{len(results)}) | "
-                    f"{np.mean([_final(r, 'valid') for r in results]):.1%} | "
+                    f"{np.mean([r['valid'][0] for r in results]):.1%} → "
+                    f"{np.mean([_final(r, 'valid') for r in results]):.1%} ± "
+                    f"{np.std([_final(r, 'valid') for r in results]):.1%} | "
                     f"{np.mean([r['advantage_iqr'] for r in results]):.2f} |"
                 )
             for ax, key in zip(axes[0], keys, strict=True):
