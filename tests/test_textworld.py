@@ -117,10 +117,12 @@ def test_walkthrough_wins_every_challenge(challenge: str) -> None:
     assert plan and first.admissible and plan[0] in first.admissible
     assert first.observation.strip() and "score: 0" in first.state_key
     total, key = 0.0, first.state_key
+    objective = first.observation.split("\n\n")[0]
     for i, command in enumerate(plan):
         tr = env.step(command)
         assert tr.action_valid and tr.state_key == key and not tr.truncated
         assert tr.done == (i == len(plan) - 1), command
+        assert tr.observation.endswith(objective) != tr.done  # restated until the game ends
         total += tr.reward
         key = tr.next_state_key
     assert tr.done and tr.next_state_key is None and tr.admissible == ()

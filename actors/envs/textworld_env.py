@@ -289,6 +289,7 @@ class TextWorld:
     """A TextWorld game per task seed; reward = points scored, done when won or lost."""
 
     name = "textworld"
+    revision = 1  # 1: the objective is restated in every observation (warm-start caches key on it)
 
     def __init__(
         self,
@@ -329,6 +330,7 @@ class TextWorld:
         self._state_key = ""
         self._admissible: tuple[str, ...] = ()
         self._score = 0
+        self._task: str | None = None
         self._turn = 0
         self._over = True
 
@@ -352,6 +354,7 @@ class TextWorld:
         self._over = False
         self._observe(state)
         objective = " ".join(state["objective"].split())
+        self._task = objective or None  # restated after every later observation (end_turn)
         observation = f"{objective}\n\n{clean_feedback(state['description'])}"
         return Reset(observation, self._state_key, self._admissible)
 
