@@ -50,21 +50,11 @@ def write_policy(layers: int, width: int, folder: Path) -> int:
     from gagpo.actors.policies.presets import quiet_transformers, resolve_model
 
     tiny = resolve_model("tiny")
-    base = LlamaConfig.from_pretrained(tiny)
+    config = LlamaConfig.from_pretrained(tiny)  # tiny's, with another shape
     heads = max(4, width // 64)
-    config = LlamaConfig(
-        vocab_size=base.vocab_size,
-        bos_token_id=base.bos_token_id,
-        eos_token_id=base.eos_token_id,
-        pad_token_id=base.pad_token_id,
-        hidden_size=width,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        intermediate_size=2 * width,  # tiny's ratio
-        max_position_embeddings=base.max_position_embeddings,
-        tie_word_embeddings=True,
-    )
+    config.hidden_size, config.num_hidden_layers, config.intermediate_size = width, layers, 2 * width
+    config.num_attention_heads = config.num_key_value_heads = heads
+    config.head_dim = width // heads
     with torch.random.fork_rng(devices=[]), quiet_transformers():
         torch.manual_seed(INIT_SEED)
         model = LlamaForCausalLM(config)
