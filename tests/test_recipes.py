@@ -159,3 +159,20 @@ def test_sigint_stops_every_process_and_tears_nothing(tmp_path: Path):
     for ref in store.list_shards():
         store.read_shard(ref)
     assert store.has_policy(store.latest_version())
+
+
+def test_run_prints_its_summary_when_the_learner_stops_early(tmp_path: Path, monkeypatch):
+    """The learner exits 3 when its data ran out before `updates` (it says why); `gagpo run`
+    still prints what ran (per-version table, group use) and returns 3. Other failures print
+    no summary."""
+    from gagpo.workflows import run as run_module
+
+    for code, summarised in ((3, True), (1, False)):
+        monkeypatch.setattr(run_module, "_run_processes", lambda *a, code=code: code)
+        lines: list[str] = []
+        store = str(tmp_path / f"s{code}")
+        sets = ["run.eval_groups=0", "run.report=false"]
+        assert run_module.run("tiny", store, warm=False, echo=lines.append, sets=sets) == code
+        printed = "\n".join(lines)
+        assert ("run summary:" in printed) == summarised, printed
+        assert ("groups: 0 generated, 0 trained" in printed) == summarised
