@@ -97,7 +97,7 @@ def cache_key(cfg: WarmstartConfig) -> str:
         "config": cfg.model_dump(mode="json", exclude={"eval_groups"}),
         "policy": policy_identity(cfg.policy),
     }
-    if revision := env_revision(cfg.env):  # its observations changed: old demos prompt otherwise
+    if revision := env_revision(cfg.env):  # new observation text: old warm starts not reused
         what["env_revision"] = revision
     blob = json.dumps(what, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
