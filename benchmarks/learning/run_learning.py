@@ -168,40 +168,49 @@ def _steps_to(result: dict, target: float) -> float | None:
 
 HELDOUT_HEADER = [
     "| env | start | estimator | seeds | held-out success v0 | held-out success, last version "
-    "| gain (paired by seed) | env steps | credit AUC (own advantages) | advantage IQR |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| gain (paired by seed) | held-out valid replies, v0 → last | env steps "
+    "| credit AUC (own advantages) | advantage IQR |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
 def heldout_panel(args, env: str, start: str, cells: dict[str, list[dict]]) -> list[str]:
     """Table rows and a plot of held-out success (the same tasks for every version) against
-    environment steps: mean and min–max band over seeds."""
+    environment steps: mean and min–max band over seeds; held-out valid replies beside it
+    where they have room to move (an untrained start)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    runs = [r for rs in cells.values() for r in rs]
+    keys = ["success"] + (["valid"] if min(r["heldout"]["valid"][0] for r in runs) < 0.95 else [])
+    fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 4.2), squeeze=False)
     lines = []
     for est, results in cells.items():
         if not results:
             continue
         n = min(len(r["heldout"]["versions"]) for r in results)
         xs = np.mean([r["heldout"]["env_steps"][:n] for r in results], axis=0)
+        for ax, key in zip(axes[0], keys, strict=True):
+            ys = np.array([r["heldout"][key][:n] for r in results])
+            (line,) = ax.plot(xs, ys.mean(0), marker="o", ms=3, label=LABELS.get(est, est.upper()))
+            ax.fill_between(xs, ys.min(0), ys.max(0), alpha=0.12, color=line.get_color())
         ys = np.array([r["heldout"]["success"][:n] for r in results])
-        (line,) = ax.plot(xs, ys.mean(0), marker="o", ms=3, label=LABELS.get(est, est.upper()))
-        ax.fill_between(xs, ys.min(0), ys.max(0), alpha=0.12, color=line.get_color())
+        valid = np.array([r["heldout"]["valid"][:n] for r in results])
         first, last = ys[:, 0], ys[:, -1]
         aucs = [r["credit_auc"] for r in results if "credit_auc" in r]
         lines.append(
             f"| {env} | {start} | {LABELS.get(est, est.upper())} | {len(results)} | "
             f"{first.mean():.1%} | {last.mean():.1%} ± {last.std():.1%} | "
-            f"{(last - first).mean():+.1%} ± {(last - first).std():.1%} | {xs[-1]:.0f} | "
-            f"{f'{np.mean(aucs):.3f}' if aucs else '—'} | "
+            f"{(last - first).mean():+.1%} ± {(last - first).std():.1%} | "
+            f"{valid[:, 0].mean():.1%} → {valid[:, -1].mean():.1%} ± {valid[:, -1].std():.1%} | "
+            f"{xs[-1]:.0f} | {f'{np.mean(aucs):.3f}' if aucs else '—'} | "
             f"{np.mean([r['advantage_iqr'] for r in results]):.2f} |"
         )
-    ax.set_xlabel("environment steps (trained rollouts generated before the version)")
-    ax.set_ylabel("held-out success rate")
-    ax.set_title(f"{env}, {start} start: held-out success per version\n"
-                 "(the same tasks for every version; mean, min–max over seeds)", fontsize=10)  # fmt: skip
-    ax.legend(fontsize=8)
+    for ax, key in zip(axes[0], keys, strict=True):
+        ax.set_xlabel("environment steps (trained rollouts generated before the version)")
+        ax.set_ylabel(f"held-out {'success' if key == 'success' else 'valid-reply'} rate")
+        ax.set_title(f"{env}, {start} start: held-out {key} per version\n"
+                     "(the same tasks for every version; mean, min–max over seeds)", fontsize=10)  # fmt: skip
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(HERE / f"{args.name}{env}_{start}.png", dpi=110)
     plt.close(fig)
