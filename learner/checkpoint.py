@@ -300,10 +300,10 @@ def check_lineage(store: Store) -> list[str]:
     """Problems with the chain of kept versions: each version's record names the version
     before it as parent (by number and by id) and the update after its parent's. Empty:
     one sound lineage."""
-    from gagpo.learner.publish import published_versions
+    from gagpo.learner.publish import complete_versions
 
     problems = []
-    versions = [v for v in published_versions(store) if is_complete(store, store.policy_dir(v))]
+    versions = complete_versions(store)
     records = {v: read_lineage(store, v) for v in versions}
     for v in versions:
         record, parent = records[v], records.get(v - 1)

@@ -82,6 +82,11 @@ def published_versions(store: Store) -> list[int]:
     return sorted(versions)
 
 
+def complete_versions(store: Store) -> list[int]:
+    """The published versions whose folders are complete, ascending."""
+    return [v for v in published_versions(store) if is_complete(store, store.policy_dir(v))]
+
+
 def prune_versions(store: Store, keep: int, every: int = 0) -> list[int]:
     """Delete all but the newest `keep` complete versions (never LATEST's, nor, with
     `every` > 0, the multiples of `every`: kept for evaluation later); return them."""

@@ -25,9 +25,9 @@ from gagpo.schemas.store import EVAL, HELDOUT, Store
 
 def versions_to_evaluate(store: Store, every: int) -> list[int]:
     """The complete published versions that are multiples of `every`, and the newest."""
-    from gagpo.learner.publish import is_complete, published_versions
+    from gagpo.learner.publish import complete_versions
 
-    complete = [v for v in published_versions(store) if is_complete(store, store.policy_dir(v))]
+    complete = complete_versions(store)
     return sorted({v for v in complete if v % every == 0} | set(complete[-1:]))
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from pydantic import Field
 
-from gagpo.learner.cli import EXIT_STOPPED_EARLY
 from gagpo.schemas.config import ActorConfig, Config, load_config, read_toml
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import merge, parse_sets, split_sections
@@ -154,6 +153,8 @@ def run(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    from gagpo.learner.cli import EXIT_STOPPED_EARLY
+
     if code in (0, EXIT_STOPPED_EARLY):  # stopped early: the learner said why; show what ran
         echo(summary(store))
         if config.eval_groups:
@@ -256,16 +257,16 @@ def summary(store: str) -> str:
     from gagpo.pipeline.sql import close_store_db, open_store_db
     from gagpo.schemas.store import Store
 
-    con = open_store_db(Store(store))
+    opened = Store(store)
+    con = open_store_db(opened)
     try:
-        return _summary(con, store)
+        return _summary(con, opened, store)
     finally:
         close_store_db(con)
 
 
-def _summary(con, store: str) -> str:
+def _summary(con, opened, store: str) -> str:
     from gagpo.pipeline.sql import run_query
-    from gagpo.schemas.store import Store
 
     top = run_query(con, "select max(policy_version) as v from trajectories").to_pylist()[0]["v"]
     # Long runs: consecutive versions share a row (at most SUMMARY_ROWS), so a row holds
@@ -290,7 +291,7 @@ def _summary(con, store: str) -> str:
             f"{label:>14}  {row['rollouts']:>8}  {row['success_rate']:>12.1%}  "
             f"{row['valid_rate']:>13.1%}  {row['mean_return']:>11.3f}"
         )
-    lines.append(_group_use(con, Store(store)))
+    lines.append(_group_use(con, opened))
     lines.append(f"store: {store}  (inspect with: gagpo sql --store {store})")
     return "\n".join(lines)
 

@@ -106,13 +106,12 @@ def end_turn(
 ) -> Transition:
     """The transition of a turn of an engine-backed environment (textworld, alfworld):
     truncation at the turn limit, no next state or admissible actions after a terminal.
-    `won`: the game reports its task accomplished (a lost game is done, not won). An
-    environment with a `_task` sentence has it appended to every observation but the last."""
+    `won`: the game reports its task accomplished (a lost game is done, not won). The
+    environment's `_task` sentence (None: none) ends every observation but the last."""
     truncated = not done and env._turn >= env.max_turns
     env._over = done or truncated
-    task = getattr(env, "_task", None)
-    if task and not done:  # restated every turn: the prompt keeps few earlier turns
-        observation += f"\n\n{task}"
+    if env._task and not done:  # restated every turn: the prompt keeps few earlier turns
+        observation += f"\n\n{env._task}"
     return Transition(
         observation=observation,
         state_key=before,

@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from gagpo.schemas.store import Store
 from gagpo.workflows.warmstart import (
     WarmstartConfig,
     evaluate,
@@ -74,8 +75,6 @@ def run_shape(cfg_json: str, shape: str, out: str, eval_groups: int) -> dict:
     shape_cfg = cfg.model_copy(update={"policy": str(folder / "init")})
     summary, nll = supervised(shape_cfg, str(folder / "store"), replay=str(Path(out) / "demos"))
     t_sft = time.time() - t0
-    from gagpo.schemas.store import Store
-
     policy = Store(str(folder / "store")).policy_dir(summary.version)
     result = evaluate(policy, shape_cfg, groups=eval_groups, store=str(folder / "eval"))
     return {

@@ -174,6 +174,11 @@ HELDOUT_HEADER = [
 ]
 
 
+def _curves(first_valid: list[float]) -> list[str]:
+    """Success, and valid replies where they have room to move (untrained, household)."""
+    return ["success"] + (["valid"] if min(first_valid) < 0.95 else [])
+
+
 def heldout_panel(args, env: str, start: str, cells: dict[str, list[dict]]) -> list[str]:
     """Table rows and a plot of held-out success (the same tasks for every version) against
     environment steps: mean and min–max band over seeds; held-out valid replies beside it
@@ -181,7 +186,7 @@ def heldout_panel(args, env: str, start: str, cells: dict[str, list[dict]]) -> l
     import matplotlib.pyplot as plt
 
     runs = [r for rs in cells.values() for r in rs]
-    keys = ["success"] + (["valid"] if min(r["heldout"]["valid"][0] for r in runs) < 0.95 else [])
+    keys = _curves([r["heldout"]["valid"][0] for r in runs])
     fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 4.2), squeeze=False)
     lines = []
     for est, results in cells.items():
@@ -245,9 +250,7 @@ def report(args) -> str:
                 continue
             first = [r["success"][0] for rs in cells.values() for r in rs]
             target = float(np.mean(first)) + args.target_gain
-            # valid replies are a second curve where they have room to move (untrained, household)
-            moves = min(r["valid"][0] for rs in cells.values() for r in rs) < 0.95
-            keys = ["success"] + (["valid"] if moves else [])
+            keys = _curves([r["valid"][0] for rs in cells.values() for r in rs])
             fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), squeeze=False)
             for est, results in cells.items():
                 if not results:
