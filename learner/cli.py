@@ -39,6 +39,10 @@ EXIT_STOPPED_EARLY = 3  # the data ran out (idle-timeout, replay read) before `u
 @click.option("--micro-batch-tokens", type=int, help=field_help(L, "micro_batch_tokens"))
 @click.option("--lr", type=float, help=field_help(L, "lr"))
 @click.option("--warmup-steps", type=int, help=field_help(L, "warmup_steps"))
+@click.option(
+    "--lr-schedule", type=field_choices(L, "lr_schedule"), help=field_help(L, "lr_schedule")
+)
+@click.option("--lr-final", type=float, help=field_help(L, "lr_final"))
 @click.option("--weight-decay", type=float, help=field_help(L, "weight_decay"))
 @click.option("--grad-clip", type=float, help=field_help(L, "grad_clip"))
 @click.option("--temperature", type=float, help=field_help(L, "temperature"))

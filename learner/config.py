@@ -86,6 +86,12 @@ class LearnerConfig(Config):
     """Peak learning rate of AdamW."""
     warmup_steps: int = Field(0, ge=0, le=10**9)
     """Optimiser steps of linear learning-rate warm-up from lr/(warmup_steps+1) to lr."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """After the warm-up: keep lr, or decay it (half-cosine or linearly) to lr·lr_final at the
+    last of the run's optimiser steps (updates × mini_batches), so that the last versions move
+    less once learning has plateaued."""
+    lr_final: float = Field(0.1, ge=0.0, le=1.0)
+    """The decayed schedules' final learning rate, as a fraction of lr."""
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     """AdamW decoupled weight decay."""
     adam_betas: tuple[float, float] = (0.9, 0.999)

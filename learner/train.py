@@ -17,6 +17,7 @@ versions form one lineage across kills.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -65,11 +66,24 @@ def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig):
     optimizer = torch.optim.AdamW(
         params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
     )
-    warmup = cfg.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1))
-    )
+    total = cfg.updates * cfg.mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, cfg))
     return optimizer, scheduler
+
+
+def lr_factor(step: int, total: int, cfg: LearnerConfig) -> float:
+    """lr(step) / lr for optimiser step `step` (0-based) of `total`: linear warm-up over
+    `warmup_steps`, then `lr_schedule` from 1 down to `lr_final` at the last step."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    span = max(total - 1 - cfg.warmup_steps, 1)
+    progress = min((step - cfg.warmup_steps) / span, 1.0)
+    decay = (
+        0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1 - progress
+    )
+    return cfg.lr_final + (1 - cfg.lr_final) * decay
 
 
 def _slices(table: pa.Table, n: int) -> list[pa.Table]:
