@@ -55,9 +55,13 @@ class Rooms:
 
     ROOMS = ("hall", "library", "kitchen", "cellar", "attic", "garden")
 
+    def __init__(self, size: int = len(ROOMS)):
+        """`size`: rooms in the corridor (2 to 6); the key is `size` − 1 moves east."""
+        self.size = max(2, min(int(size), len(self.ROOMS)))
+
     def reset(self, seed=None):
         self.rng = random.Random(seed)
-        self.order = list(self.ROOMS)
+        self.order = list(self.ROOMS[: self.size])
         random.Random(seed).shuffle(self.order)
         self.at, self.turn, self.last = 0, 0, "none"
         return self._obs(), {"admissible_commands": ["go east", "go west", "look"],

@@ -197,15 +197,11 @@ def group_states(
     query_gid: np.ndarray,
     query_key: pl.Series,
 ) -> Pools:
-    """The pools of every row's (group, state_key) and of every query under `grouping`."""
-    if grouping.mode == "normalized":
-        if grouping.function is None:  # the regexes run once per distinct key
-            keys, queries = (_canonical_distinct(s) for s in (state_key, query_key))
-        else:
-            fn = load_function(grouping.function)
-            keys, queries = (_map_distinct(s, fn) for s in (state_key, query_key))
-        pool, query_pool = pool_ids(gid, keys, query_gid, queries)
-        return Pools(pool, query_pool, keys, lambda: _first_rows(pool))
+    """The pools of every row's (group, state_key) and of every query under `grouping`.
+
+    Every mode starts from the exact pools (one hash sort over the rows) and then works on
+    one key per exact pool: a group's rollouts revisit states, so there are fewer of them
+    than rows, and nothing a mode computes is repeated for a key's every visit."""
     pool, query_pool = pool_ids(gid, state_key, query_gid, query_key)
     if grouping.mode == "exact" or pool.size == 0:
         return Pools(pool, query_pool, state_key, lambda: _first_rows(pool))
@@ -214,7 +210,9 @@ def group_states(
     key_gid = gid[first]
     missing = np.flatnonzero(query_pool == NO_POOL)  # queries the group never visited verbatim
     queries = (query_key.gather(missing), query_gid[missing])
-    if grouping.mode == "similar":
+    if grouping.mode == "normalized":
+        merged, found, key = _normalized(key, key_gid, grouping.function, *queries)
+    elif grouping.mode == "similar":
         merged, found = _similar(key, key_gid, first, grouping.threshold, *queries)
     else:
         merged, found = _minhash(key, key_gid, grouping.threshold, *queries)
@@ -224,19 +222,105 @@ def group_states(
     return Pools(pool, query_pool, key, lambda: reps)
 
 
-def _canonical_distinct(keys: pl.Series) -> pl.Series:
-    """`canonical_keys` computed on the distinct keys and mapped back onto every row: a
-    group's rollouts revisit the same states, so there are far fewer keys than rows."""
-    distinct = keys.drop_nulls().unique()
-    return keys.replace_strict(distinct, canonical_keys(distinct), default=None,
-                               return_dtype=pl.String)  # fmt: skip
+# --- normalized ------------------------------------------------------------------------
+
+# Per byte: its kind (1 digit, 2 whitespace: the ASCII part of Unicode White_Space, which
+# is what the regexes' \s and strip mean) and its canonical byte (lowercase, `#`, space).
+_KIND = np.zeros(256, np.uint8)
+_KIND[48:58] = 1
+_KIND[[9, 10, 11, 12, 13, 32]] = 2
+_CANON = np.arange(256, dtype=np.uint8)
+_CANON[65:91] += 32
+_CANON[48:58] = ord("#")
+_CANON[[9, 10, 11, 12, 13, 32]] = ord(" ")
 
 
-def _map_distinct(keys: pl.Series, fn: Callable[[str], str]) -> pl.Series:
-    """`fn` applied once per distinct key (user Python), mapped back onto every row."""
-    distinct = keys.drop_nulls().unique()
+def canonical_keys_fast(keys: pl.Series) -> pl.Series:
+    """`canonical_keys`, equal string for string, as byte work on the keys' UTF-8 buffer:
+    for ASCII the rule is bytewise (A–Z lowercased; a digit or whitespace byte whose
+    predecessor in the same key is one too is dropped, the run's first byte becomes `#`
+    or a space; then one space at either end goes). Keys with any non-ASCII byte (where
+    Unicode case, digits and spaces apply) go through `canonical_keys` itself."""
+    import pyarrow as pa
+
+    n = keys.len()
+    if n == 0:
+        return keys.cast(pl.String)
+    valid = keys.is_not_null().to_numpy()
+    data, offsets = _utf8(keys.fill_null(""))
+    data = data[offsets[0] : offsets[-1]]
+    offsets = offsets - offsets[0]
+    m = int(offsets[-1])
+    starts = np.zeros(m + 1, bool)  # the first byte of a key
+    starts[offsets[:-1]] = True
+    starts = starts[:m]
+    kind = _KIND[data]  # 0 other, 1 digit, 2 whitespace
+    keep = np.ones(m, bool)
+    if m:
+        np.not_equal(kind[1:], kind[:-1], out=keep[1:])
+        keep[1:] |= kind[1:] == 0
+        keep |= starts
+    keep &= ~((kind == 2) & starts)  # a leading space (runs are one byte by now)
+    out = _CANON[data]
+    # (a cumulative sum of bytes as int32 where it fits: numpy's int64 sum of a bool or
+    # uint8 array is many times slower)
+    total = np.int32 if m < 2**31 else np.int64
+    kept = np.zeros(m + 1, total)
+    np.cumsum(keep.view(np.uint8), dtype=total, out=kept[1:])
+    new_offsets = kept[offsets]
+    out = out[keep]
+    new_lengths = np.diff(new_offsets)
+    last = new_offsets[1:] - 1
+    trailing = (new_lengths > 0) & (out[np.maximum(last, 0)] == 32) if out.size else new_lengths > 0
+    if trailing.any():  # a trailing space: one byte at the end of those keys
+        drop = np.ones(out.shape[0], bool)
+        drop[last[trailing]] = False
+        out = out[drop]
+        new_offsets = new_offsets - np.concatenate(([0], np.cumsum(trailing, dtype=np.int64)))
+    null_mask = None if valid.all() else pa.array(valid).buffers()[1]
+    arrow = pa.LargeStringArray.from_buffers(
+        n, pa.py_buffer(new_offsets.astype(np.int64)), pa.py_buffer(out), null_mask
+    )
+    result = pl.Series(keys.name, arrow)
+    ascii_ = np.ones(n, bool)
+    wide = np.flatnonzero(data >= 128)
+    if wide.size:  # the keys holding those bytes: Unicode rules
+        ascii_[np.unique(np.searchsorted(offsets, wide, "right") - 1)] = False
+    if not ascii_.all():
+        other = np.flatnonzero(~ascii_ & valid)
+        result = result.scatter(other, canonical_keys(keys.gather(other)))
+    return result
+
+
+def _normalized(
+    key: pl.Series,
+    key_gid: np.ndarray,
+    function: str | None,
+    query_key: pl.Series,
+    query_gid: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, pl.Series]:
+    """Each exact pool's merged pool (equal canonical keys in a group), the pool of each
+    query's canonical key (NO_POOL if none), and the canonical key of each exact pool."""
+    if function is None:
+        canon = canonical_keys_fast(key)
+        q_canon = canonical_keys_fast(query_key)
+    else:
+        canon, q_canon = _map_distinct(key, load_function(function), query_key)
+    merged, found = pool_ids(key_gid, canon, query_gid, q_canon)
+    rep = _first_rows(merged)  # each (group, canonical key): its first exact pool
+    found = np.where(found == NO_POOL, NO_POOL, rep[np.maximum(found, 0)])
+    return rep[merged].astype(INDEX), found.astype(INDEX), canon
+
+
+def _map_distinct(
+    keys: pl.Series, fn: Callable[[str], str], queries: pl.Series
+) -> tuple[pl.Series, pl.Series]:
+    """`fn` applied once per distinct key of keys and queries (user Python), mapped back."""
+    both = pl.concat([keys, queries.cast(pl.String)])
+    distinct = both.drop_nulls().unique()
     mapped = pl.Series([fn(k) for k in distinct.to_list()], dtype=pl.String)
-    return keys.replace_strict(distinct, mapped, default=None, return_dtype=pl.String)
+    out = both.replace_strict(distinct, mapped, default=None, return_dtype=pl.String)
+    return out.head(keys.len()), out.tail(queries.len())
 
 
 # --- similar:τ (verl-agent) -------------------------------------------------------------
