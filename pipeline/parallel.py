@@ -136,6 +136,11 @@ def ray_session(address: str | None, *, num_cpus: int, namespace: str | None = N
     if ray.is_initialized():  # a caller's own session: use it, leave it
         yield False
         return
+    with _loopback_only(address is None):
+        yield from _session(ray, address, num_cpus, namespace, echo)
+
+
+def _session(ray, address: str | None, num_cpus: int, namespace: str | None, echo):
     options: dict[str, Any] = {"namespace": namespace, "log_to_driver": False}
     if address is None:
         options |= {"num_cpus": num_cpus, "include_dashboard": False,
@@ -155,6 +160,32 @@ def ray_session(address: str | None, *, num_cpus: int, namespace: str | None = N
         yield address is None
     finally:
         ray.shutdown()  # a local instance: its processes end with it
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_only(local: bool):
+    """For the block, a local instance listens on 127.0.0.1 only. Ray's single-machine mode
+    (its default on macOS, `LOOPBACK_ENV` = 0) takes the loopback address as the node's, and
+    its GCS, raylet and workers bind to the node's address; the processes Ray starts inherit
+    the variable. Ray reads it once, on import, so the imported constant is set too; both
+    are put back after, so a later session here may join a cluster."""
+    from ray._private import ray_constants
+
+    before = (os.environ.get(LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER)
+    if local:
+        os.environ[LOOPBACK_ENV] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if before[0] is None:
+            os.environ.pop(LOOPBACK_ENV, None)
+        else:
+            os.environ[LOOPBACK_ENV] = before[0]
+        ray_constants.ENABLE_RAY_CLUSTER = before[1]
 
 
 def _ray_temp_dir() -> str:

@@ -21,7 +21,8 @@ import pytest
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
 from gagpo.workflows import ray_run
-from gagpo.workflows.layout import SEED_STRIDE, Plan, Process
+from gagpo.workflows.layout import SEED_STRIDE
+from gagpo.workflows.ray_placement import RankPlace, check_cluster, place, rendezvous
 
 GAGPO = [sys.executable, "-m", "gagpo.workflows.cli"]
 # What the Ray tests leave out of the recipe's closing work: unrelated to where processes run.
@@ -48,16 +49,103 @@ def test_a_restarted_learner_resumes():
     assert ray_run.resumed_command(["l", "--resume"]) == ["l", "--resume"]
 
 
+def _plan(*sets: str, gpus_visible: int | None = None):
+    from tests.test_layout import plan_for
+
+    return plan_for(*sets, gpus_visible=gpus_visible)
+
+
 def test_bundles_follow_the_plan():
-    """A bundle per process: a whole GPU each, a share of one that several share (the
-    colocated gpu-alfworld), whole GPUs for a multi-rank learner (gpu-alfworld-8)."""
-    colocated = Plan([Process("actor 0", ["a"], (0,), 0.35), Process("learner", ["l"], (0,), 0.65)])
-    assert ray_run.bundles(colocated) == [{"CPU": 1.0, "GPU": 0.35}, {"CPU": 1.0, "GPU": 0.65}]
-    eight = Plan([*(Process(f"actor {i}", ["a"], (i,), 0.85) for i in range(4)),
-                  Process("learner", ["l"], (4, 5, 6, 7), 1.0)])  # fmt: skip
-    assert ray_run.bundles(eight) == [{"CPU": 1.0, "GPU": 1.0}] * 4 + [{"CPU": 1.0, "GPU": 4.0}]
-    cpu = Plan([Process("actor 0", ["a"]), Process("learner", ["l"])])
-    assert ray_run.bundles(cpu) == [{"CPU": 1.0}, {"CPU": 1.0}]
+    """Actors: a bundle each, a whole GPU or the share of one they share (the colocated
+    gpu-alfworld). The learner: one bundle per node it spans, a whole GPU per rank
+    (gpu-alfworld-8), STRICT_PACK on one node by default."""
+    colocated = place(_plan("gpu-alfworld"))
+    assert colocated.actor_bundles == [{"CPU": 1.0, "GPU": 0.35}]
+    assert colocated.learner_bundles == [{"CPU": 1.0, "GPU": 0.65}]
+    assert colocated.learner_strategy == "STRICT_PACK" and colocated.ranks == 1
+    eight = place(_plan("gpu-alfworld-8"))
+    assert eight.actor_bundles == [{"CPU": 1.0, "GPU": 1.0}] * 4
+    assert eight.learner_bundles == [{"CPU": 4.0, "GPU": 4.0}] and eight.rank_gpu == 1.0
+    assert eight.learner_strategy == "STRICT_PACK"
+    cpu = place(_plan("tiny"))
+    assert cpu.actor_bundles == [{"CPU": 1.0}] * len(cpu.actor_bundles)
+    assert cpu.learner_bundles == [{"CPU": 1.0}] and cpu.rank_gpu == 0.0
+
+
+def test_a_learner_wider_than_a_node_spans_nodes():
+    plan = _plan("gpu-alfworld-8")
+    assert plan.learner.ranks == 4 and plan.learner.rank_command[1:3] == ["-m", "gagpo.learner.cli"]
+    auto = place(plan, 0, [2.0, 2.0, 2.0])  # no node holds 4 GPUs: the fewest nodes that do
+    assert auto.learner_bundles == [{"CPU": 2.0, "GPU": 2.0}] * 2
+    assert auto.learner_strategy == "STRICT_SPREAD" and auto.per_node == 2
+    assert [auto.rank_bundle(r) for r in range(4)] == [0, 0, 1, 1]
+    assert place(plan, 0, [8.0]).learner_nodes == 1  # one node holds them: it does
+    assert place(plan, 4).learner_bundles == [{"CPU": 1.0, "GPU": 1.0}] * 4  # as asked
+    with pytest.raises(GagpoError, match="learner_nodes = 3 does not divide the learner's 4"):
+        place(plan, 3)
+
+
+def test_gpu_counts_are_checked_against_the_cluster():
+    """Against ray.cluster_resources() and each node's, never this machine's GPUs."""
+    eight = place(_plan("gpu-alfworld-8"))
+    node8 = {"CPU": 16.0, "GPU": 8.0}
+    check_cluster(eight, {"CPU": 16.0, "GPU": 8.0}, [node8])
+    with pytest.raises(GagpoError) as short:
+        check_cluster(eight, {"CPU": 8.0, "GPU": 4.0}, [{"CPU": 8.0, "GPU": 4.0}])
+    assert "needs 8 GPU(s) (actors: 4, learner: 4)" in str(short.value)
+    assert "\n" not in str(short.value)
+    small_nodes = [{"CPU": 4.0, "GPU": 2.0}] * 4  # 8 GPUs, but no node holds the learner's 4
+    with pytest.raises(GagpoError, match=r"need 4 GPU\(s\) on one node, and 0 node\(s\) have"):
+        check_cluster(eight, {"CPU": 16.0, "GPU": 8.0}, small_nodes)
+    spread = place(_plan("gpu-alfworld-8"), 0, [2.0] * 4)
+    check_cluster(spread, {"CPU": 16.0, "GPU": 8.0}, small_nodes)  # 2 ranks on each of 2 nodes
+    colocated = place(_plan("gpu-alfworld"))  # 0.35 + 0.65 of one GPU
+    check_cluster(colocated, {"CPU": 4.0, "GPU": 1.0}, [{"CPU": 4.0, "GPU": 1.0}])
+
+
+def test_the_rendezvous_comes_from_where_the_ranks_landed():
+    """Rank 0's node and port for everyone; local ranks per node; each rank sees its node's
+    learner GPUs and LOCAL_RANK points at its own (learner/dist.py: cuda:LOCAL_RANK)."""
+    places = [RankPlace("10.0.0.1", ("3",)), RankPlace("10.0.0.1", ("1",)),
+              RankPlace("10.0.0.2", ("0",)), RankPlace("10.0.0.2", ("5",))]  # fmt: skip
+    envs = rendezvous(places, 2, 29500)
+    assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.1"}
+    assert {e["MASTER_PORT"] for e in envs} == {"29500"}
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"} and {e["LOCAL_WORLD_SIZE"] for e in envs} == {
+        "2"
+    }
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["1,3", "1,3", "0,5", "0,5"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["1", "0", "0", "1"]
+    cpu = rendezvous([RankPlace("127.0.0.1"), RankPlace("127.0.0.1")], 2, 1234)
+    assert [e["LOCAL_RANK"] for e in cpu] == ["0", "1"] and "CUDA_VISIBLE_DEVICES" not in cpu[0]
+
+
+def test_dry_run_on_ray_prints_the_placement_and_starts_nothing(tmp_path):
+    """Without an address: against this machine's resources, Ray not started; an impossible
+    request is shown as such. Without --dry-run, the same request is one line, exit 2."""
+    env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    store = tmp_path / "store"
+    shown = subprocess.run([*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store", str(store),
+                            "--dry-run", "--ray"], capture_output=True, text=True, env=env,
+                           timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "placement group gagpo-RUN-actors, strategy SPREAD" in out
+    assert "placement group gagpo-RUN-learner, strategy STRICT_PACK" in out
+    assert "bundle 0: {CPU: 4, GPU: 4}   learner rank(s) 0, 1, 2, 3" in out
+    assert "rendezvous: MASTER_ADDR = rank 0's node" in out and "gagpo.learner.cli" in out
+    assert "torch.distributed.run" not in out  # Ray, not torchrun, starts the ranks
+    assert "this machine (no Ray started)" in out
+    if "0 GPU(s) over 1 node" in out:
+        assert "cannot be placed: the run needs 8 GPU(s)" in out
+        refused = subprocess.run([*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store",
+                                  str(store), "--ray"], capture_output=True, text=True, env=env,
+                                 timeout=120)  # fmt: skip
+        assert refused.returncode == 2
+        assert refused.stderr.strip().count("\n") == 0 and "needs 8 GPU(s)" in refused.stderr
+        assert "ray:" not in refused.stdout  # no Ray instance started
+    assert not store.exists() and not (tmp_path / "ray").exists()
 
 
 class _FakeRay:

@@ -44,6 +44,8 @@ class Process:
     gpus: tuple[int, ...] = ()  # physical GPU ids (CUDA_VISIBLE_DEVICES)
     memory_share: float | None = None  # of each of its GPUs
     env: dict[str, str] = field(default_factory=dict)  # what it gets beyond os.environ
+    ranks: int = 1  # learner processes (torchrun's --nproc-per-node)
+    rank_command: list[str] = field(default_factory=list)  # what each rank runs, under torchrun
 
     def describe(self) -> str:
         assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
@@ -127,11 +129,15 @@ def plan_run(
         env |= {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
                 GPU_MEMORY_SHARE_ENV: f"{learner_share:g}"}  # fmt: skip
         learner_cmd += ["--set", "device=cuda"]
+    rank_cmd: list[str] = []
     if len(gpus) > 1:
-        # torchrun on one node: one rank per GPU, each on cuda:LOCAL_RANK of its list.
+        # torchrun on one node: one rank per GPU, each on cuda:LOCAL_RANK of its list. With
+        # --ray, Ray starts `rank_cmd` once per rank instead, with the rendezvous (ray_placement.py).
+        rank_cmd = learner_cmd
         learner_cmd = [python, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc-per-node={len(gpus)}", *learner_cmd[1:]]  # fmt: skip
-    processes.append(Process("learner", learner_cmd, gpus, learner_share if gpus else None, env))
+    processes.append(Process("learner", learner_cmd, gpus, learner_share if gpus else None, env,
+                             max(1, len(gpus)), rank_cmd))  # fmt: skip
     return Plan(processes)
 
 

@@ -34,14 +34,25 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gagpo.schemas.errors import GagpoError
 from gagpo.workflows.layout import SEED_STRIDE, Plan, Process
+from gagpo.workflows.ray_placement import (
+    ACTORS_STRATEGY,
+    Placement,
+    RankPlace,
+    check_cluster,
+    describe,
+    describe_resources,
+    place,
+    rendezvous,
+)
 
 NAMESPACE = "gagpo"
 POLL_S = 0.5  # seconds between two rounds of log relay and liveness checks
@@ -94,7 +105,7 @@ class HostState:
     """What a host reports on each poll."""
 
     lines: list[str]
-    returncode: int | None  # of its process; None while it runs
+    returncode: int | None  # of its process; None while it runs (or before it started)
     incarnation: int
     pid: int
     node: str
@@ -102,55 +113,47 @@ class HostState:
 
 class Incarnations:
     """A Ray actor counting the starts of each process of the run, across the restarts of
-    their hosts (a restarted Ray actor keeps no state of its own)."""
+    their hosts (a restarted Ray actor keeps no state of its own), and recording each
+    restart: (process, incarnation, its run id, why, when)."""
 
     def __init__(self) -> None:
         self.starts: dict[str, int] = {}
+        self.events: list[dict] = []
 
-    def next(self, label: str) -> int:
+    def next(self, label: str, run_id: str, cause: str) -> int:
         self.starts[label] = self.starts.get(label, 0) + 1
-        return self.starts[label] - 1
+        incarnation = self.starts[label] - 1
+        if incarnation:
+            self.events.append({"process": label, "incarnation": incarnation, "run_id": run_id,
+                                "cause": cause, "at": time.time()})  # fmt: skip
+        return incarnation
 
-    def restarts(self) -> dict[str, int]:
-        return {label: n - 1 for label, n in self.starts.items()}
+    def restarts(self) -> list[dict]:
+        return list(self.events)
 
 
-class ProcessHost:
-    """A Ray actor holding one process of the plan: it starts the command line (again after
-    a restart, as `restart_kind` says), keeps its output for the driver, and stops it.
+class _Child:
+    """A host's child process: its output kept for the driver's polls, stopped on demand.
     Every method runs on the host's main thread (a plain, non-threaded Ray actor), the thread
     the child's death signal is tied to."""
 
-    def __init__(self, process: Process, cwd: str, counter, restart_kind: str, actors: int):
+    def _init_child(self, cwd: str) -> None:
         import ray
 
-        self.process, self.cwd, self.counter = process, cwd, counter
-        self.restart_kind, self.actors = restart_kind, actors
+        self.cwd = cwd
         self.node = ray.util.get_node_ip_address()
         self._lock = threading.Lock()
         self.lines: list[str] = []
-        self._start()
+        self.proc: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self.incarnation = -1
 
-    def _start(self) -> None:
-        import ray
-
-        self.incarnation = ray.get(self.counter.next.remote(self.process.label))
-        cmd = list(self.process.command)
-        if self.incarnation and self.restart_kind == "actor":
-            cmd = restarted_command(cmd, self.incarnation, self.actors, _new_run_id())
-        elif self.incarnation and self.restart_kind == "learner":
-            cmd = resumed_command(cmd)
-        # Ray chose this host's GPUs (CUDA_VISIBLE_DEVICES): the plan's physical ids do not apply.
-        env = {k: v for k, v in self.process.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    def _spawn(self, cmd: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             cmd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
             cwd=self.cwd if os.path.isdir(self.cwd) else None, preexec_fn=_die_with_parent,
         )  # fmt: skip
-        self._say(
-            f"(ray) started pid {self.proc.pid} on node {self.node}"
-            + (f", restart {self.incarnation}: {_flags(cmd)}" if self.incarnation else "")
-        )
         self._reader = threading.Thread(target=self._relay, args=(self.proc,), daemon=True)
         self._reader.start()
 
@@ -165,24 +168,85 @@ class ProcessHost:
     def poll(self) -> HostState:
         with self._lock:
             lines, self.lines = self.lines, []
+        if self.proc is None:
+            return HostState(lines, None, self.incarnation, 0, self.node)
         return HostState(lines, self.proc.poll(), self.incarnation, self.proc.pid, self.node)
-
-    def restart(self) -> HostState:
-        """Start the process again (it ended by itself), as its next incarnation."""
-        self._reader.join(timeout=5)
-        self._start()
-        return self.poll()
 
     def stop(self, sig: int, timeout: float) -> HostState:
         """`sig` to the process if it runs; SIGKILL after `timeout` seconds."""
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        return self.poll()
+
+
+class ProcessHost(_Child):
+    """A Ray actor holding one actor process of the plan: it starts the command line when
+    created (again after Ray restarted it, as a fresh incarnation) and after the process
+    ended by itself (`restart`)."""
+
+    def __init__(self, process: Process, cwd: str, counter, actors: int):
+        self._init_child(cwd)
+        self.process, self.counter, self.actors = process, counter, actors
+        self._start("its Ray actor died and Ray restarted it")
+
+    def _start(self, cause: str) -> None:
+        import ray
+
+        run_id = _new_run_id()
+        self.incarnation = ray.get(self.counter.next.remote(self.process.label, run_id, cause))
+        cmd = restarted_command(self.process.command, self.incarnation, self.actors, run_id)
+        # Ray chose this host's GPUs (CUDA_VISIBLE_DEVICES): the plan's physical ids do not apply.
+        self._spawn(cmd, {k: v for k, v in self.process.env.items() if k != "CUDA_VISIBLE_DEVICES"})
+        self._say(
+            f"(ray) started pid {self.proc.pid} on node {self.node}"
+            + (f", restart {self.incarnation}: {_flags(cmd)}" if self.incarnation else "")
+        )
+
+    def restart(self) -> HostState:
+        """Start the process again (it ended by itself), as its next incarnation."""
+        code = self.proc.poll()
         self._reader.join(timeout=5)
+        self._start(f"its process exited with {code}")
+        return self.poll()
+
+
+class RankHost(_Child):
+    """A Ray actor holding one rank of the learner. It starts nothing by itself: the driver
+    reads where every rank landed (`where`), gives each its rendezvous and starts them all
+    (`launch`), and again with --resume after a failure (a restarted host waits likewise)."""
+
+    def __init__(self, cwd: str):
+        self._init_child(cwd)
+
+    def where(self) -> RankPlace:
+        import ray
+
+        return RankPlace(self.node, tuple(str(g) for g in ray.get_gpu_ids()))
+
+    def free_port(self) -> int:
+        """A TCP port free on this node now, for rank 0's rendezvous."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def launch(self, cmd: list[str], env: dict[str, str], incarnation: int, rank: int,
+               world: int) -> HostState:  # fmt: skip
+        self.stop(signal.SIGKILL, 1.0)  # a previous incarnation's process, if any is left
+        self.incarnation = incarnation
+        self._spawn(cmd, env)
+        where = f" (rank {rank}/{world}, rendezvous {env['MASTER_ADDR']}:{env['MASTER_PORT']})"
+        self._say(
+            f"(ray) started pid {self.proc.pid} on node {self.node}"
+            + (where if world > 1 else "")
+            + (f", restart {incarnation}: {_flags(cmd)}" if incarnation else "")
+        )
         return self.poll()
 
 
@@ -201,112 +265,238 @@ def _flags(cmd: list[str]) -> str:
 # --- the driver ------------------------------------------------------------------------------
 
 
-def bundles(plan: Plan) -> list[dict[str, float]]:
-    """One placement-group bundle per process, in plan order (actors, then the learner): a
-    CPU each, and its GPUs: a whole one, or its memory share of one it shares."""
-    on_gpu: dict[int, int] = {}
-    for p in plan.processes:
-        for g in p.gpus:
-            on_gpu[g] = on_gpu.get(g, 0) + 1
-    out = []
-    for p in plan.processes:
-        bundle = {"CPU": 1.0}
-        if len(p.gpus) > 1:
-            bundle["GPU"] = float(len(p.gpus))
-        elif p.gpus:
-            shared = on_gpu[p.gpus[0]] > 1 and p.memory_share is not None
-            bundle["GPU"] = float(p.memory_share) if shared else 1.0
-        out.append(bundle)
-    return out
+RESTARTS_DIR = "ray"  # STORE/ray/restarts-<run id>.parquet: one file per gagpo run --ray
+RESTART_COLUMNS = ("process", "incarnation", "run_id", "cause", "at")
+
+
+def cluster_resources(ray) -> tuple[dict[str, float], list[dict]]:
+    """The cluster's resources in all, and each alive node's."""
+    nodes = [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+    return dict(ray.cluster_resources()), nodes
+
+
+def local_resources() -> tuple[dict[str, float], list[dict]]:
+    """What a local instance started here would have, read without starting Ray: the CPUs
+    run_on_ray gives it (at least this machine's) and the GPUs Ray itself would detect."""
+    gpus = 0.0
+    with contextlib.suppress(Exception):
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        gpus = float(
+            get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators()
+        )
+    node = {"CPU": float(os.cpu_count() or 1), "GPU": gpus}
+    return dict(node), [node]
+
+
+def _resources(address: str | None, config, plan: Plan):
+    """(placement, total, nodes) for `address`: a running cluster (connected to for the
+    read, then left), or this machine for a local instance (Ray not started)."""
+    if address is None:
+        total, nodes = local_resources()
+        cpus = max(total["CPU"], placement_cpus(place(plan, config.learner_nodes)))
+        total["CPU"] = nodes[0]["CPU"] = cpus
+    else:
+        from gagpo.pipeline.parallel import ray_session
+
+        with ray_session(address, num_cpus=1, namespace=NAMESPACE) as _:
+            import ray
+
+            total, nodes = cluster_resources(ray)
+    gpus = [n.get("GPU", 0.0) for n in nodes]
+    return place(plan, config.learner_nodes, gpus), total, nodes
+
+
+def placement_cpus(placement: Placement) -> float:
+    return placement.needs().get("CPU", 0.0)
+
+
+def check_on_ray(plan: Plan, config, address: str | None) -> None:
+    """Before anything starts: the cluster (or this machine) can hold the placement."""
+    placement, total, nodes = _resources(address, config, plan)
+    check_cluster(placement, total, nodes)
+
+
+def describe_on_ray(plan: Plan, config, address: str | None) -> str:
+    """`gagpo run --dry-run --ray`: the placement, checked, and nothing started."""
+    placement, total, nodes = _resources(address, config, plan)
+    where = "this machine (no Ray started)" if address is None else f"the cluster at {address}"
+    text = describe(plan, placement, f"{where}: {describe_resources(total, nodes)}")
+    try:
+        check_cluster(placement, total, nodes)
+    except GagpoError as exc:
+        return f"{text}\ncannot be placed: {exc}"
+    return text
 
 
 @dataclass
 class _Held:
     label: str
     handle: object
+    rank: int | None = None  # a learner rank; None for an actor
     poll: object = None  # the poll in flight
     gone: bool = False
-    pids: set[int] = field(default_factory=set)
 
 
-def run_on_ray(
-    plan: Plan, config, echo, *, address: str | None, store: str, run_id: str
-) -> int:
+def run_on_ray(plan: Plan, config, echo, *, address: str | None, store: str, run_id: str) -> int:
     """Run the plan's processes on Ray (`address` None: a local instance started here);
     return the learner's exit code. Everything this run started on Ray is removed before
-    returning, interrupted or not."""
-    from gagpo.pipeline.parallel import import_ray, ray_session
+    returning, interrupted or not; the restarts are written to the store."""
+    from gagpo.pipeline.parallel import ray_session
 
-    ray = import_ray()
-    needed = bundles(plan)
-    cpus = max(os.cpu_count() or 1, int(sum(b["CPU"] for b in needed)))
+    cpus = max(os.cpu_count() or 1, int(placement_cpus(place(plan, config.learner_nodes))))
     with ray_session(address, num_cpus=cpus, namespace=NAMESPACE, echo=echo):
+        import ray
+
         check_store_shared(ray, store)
-        return _run_placed(ray, plan, config, echo, needed, run_id)
+        total, nodes = cluster_resources(ray)
+        placement = place(plan, config.learner_nodes, [n.get("GPU", 0.0) for n in nodes])
+        check_cluster(placement, total, nodes)
+        return _run_placed(ray, plan, placement, config, echo, store, run_id)
 
 
-def _run_placed(ray, plan: Plan, config, echo, needed, run_id: str) -> int:
+def _run_placed(
+    ray, plan: Plan, placement: Placement, config, echo, store: str, run_id: str
+) -> int:
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     name = f"gagpo-{run_id}"
-    group = placement_group(needed, strategy="SPREAD", name=name)
+    groups = [
+        placement_group(placement.actor_bundles, strategy=ACTORS_STRATEGY, name=f"{name}-actors")
+    ]
+    groups.append(placement_group(placement.learner_bundles, strategy=placement.learner_strategy,
+                                  name=f"{name}-learner"))  # fmt: skip
     held: list[_Held] = []
     counter = None
+    learner = None
     try:
-        ready, _ = ray.wait([group.ready()], timeout=PLACE_TIMEOUT_S)
-        if not ready:
+        ready, _ = ray.wait([g.ready() for g in groups], num_returns=2, timeout=PLACE_TIMEOUT_S)
+        if len(ready) < 2:
             raise GagpoError(
                 f"the Ray cluster cannot place this run within {PLACE_TIMEOUT_S:g} s: it needs "
-                f"{needed} (one bundle per process) and has {ray.cluster_resources()}; accepted: "
-                "a cluster with those resources, or fewer actors (--actors, [run] actor_gpus)"
+                f"{placement.actor_bundles} ({ACTORS_STRATEGY}) and {placement.learner_bundles} "
+                f"({placement.learner_strategy}) and has {ray.cluster_resources()}; accepted: a "
+                "cluster with those resources, or fewer actors (--actors, [run] actor_gpus)"
             )
         counter = ray.remote(Incarnations).options(num_cpus=0, name=f"{name}-starts").remote()
-        host = ray.remote(ProcessHost)
-        actors = len(plan.actors)
-        for index, p in enumerate(plan.processes):
-            is_learner = p is plan.learner
-            restarts = config.learner_restarts if is_learner else config.actor_restarts
-            gpus = needed[index].get("GPU", 0.0)
-            handle = host.options(
-                name=f"{name}-{p.label.replace(' ', '-')}", num_cpus=needed[index]["CPU"],
-                num_gpus=gpus, max_restarts=restarts, max_task_retries=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, index),
-            ).remote(p, os.getcwd(), counter, "learner" if is_learner else "actor", actors)  # fmt: skip
+        actor_host, rank_host = ray.remote(ProcessHost), ray.remote(RankHost)
+        for i, p in enumerate(plan.actors):
+            bundle = placement.actor_bundles[i]
+            handle = actor_host.options(
+                name=f"{name}-{p.label.replace(' ', '-')}", num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0.0), max_restarts=config.actor_restarts,
+                max_task_retries=0, scheduling_strategy=PlacementGroupSchedulingStrategy(groups[0], i),
+            ).remote(p, os.getcwd(), counter, len(plan.actors))  # fmt: skip
             held.append(_Held(p.label, handle))
+        for rank in range(placement.ranks):
+            handle = rank_host.options(
+                name=f"{name}-learner" + (f"-rank-{rank}" if rank else ""), num_cpus=1,
+                num_gpus=placement.rank_gpu, max_restarts=config.learner_restarts,
+                max_task_retries=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    groups[1], placement.rank_bundle(rank)),
+            ).remote(os.getcwd())  # fmt: skip
+            held.append(_Held("learner" if not rank else f"learner rank {rank}", handle, rank))
         names = ", ".join(f"{name}-{h.label.replace(' ', '-')}" for h in held)
-        echo(f"ray: {actors} actor(s) and the learner placed (placement group {name}; "
-             f"Ray actors {names})")  # fmt: skip
-        return _supervise(ray, held, config, echo)
+        echo(f"ray: {len(plan.actors)} actor(s) and the learner ({placement.ranks} rank(s) on "
+             f"{placement.learner_nodes} node(s)) placed (placement groups {name}-actors, "
+             f"{name}-learner; Ray actors {names})")  # fmt: skip
+        learner = _Learner([h for h in held if h.rank is not None], plan.learner, placement,
+                           config.learner_restarts, echo)  # fmt: skip
+        learner.launch(ray, None)
+        return _supervise(ray, held, learner, config, echo)
     finally:
         # Ended or interrupted: the learner stops between updates (SIGINT), then the actors
         # finish their groups (SIGTERM), as gagpo run stops them; then every Ray actor and
-        # the placement group of this run go.
+        # the placement groups of this run go.
         with contextlib.suppress(KeyboardInterrupt):
             _stop_all(ray, held, config, echo)
         if counter is not None:
             with contextlib.suppress(Exception):
-                restarts = ray.get(counter.restarts.remote(), timeout=10)
-                total = sum(n for label, n in restarts.items() if label != "learner")
-                each = ", ".join(f"{label} ×{n}" for label, n in sorted(restarts.items()) if n)
-                echo(f"ray: {total} actor restart(s), {restarts.get('learner', 0)} learner "
-                     f"restart(s){f' ({each})' if each else ''}")  # fmt: skip
+                events = ray.get(counter.restarts.remote(), timeout=10)
+                events += learner.events if learner is not None else []
+                echo(_restarts_text(events))
+                write_restarts(store, run_id, events)
         for h in held:
             with contextlib.suppress(Exception):
                 ray.kill(h.handle, no_restart=True)
         if counter is not None:
             with contextlib.suppress(Exception):
                 ray.kill(counter, no_restart=True)
-        with contextlib.suppress(Exception):
-            remove_placement_group(group)
+        for group in groups:
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
 
 
-def _supervise(ray, held: list[_Held], config, echo) -> int:
+class _Learner:
+    """The learner's ranks, one RankHost each: started together with their rendezvous, and
+    restarted together (with --resume, a fresh port) when one fails or its host dies, as
+    torchrun fails the job when one rank does."""
+
+    def __init__(self, hosts: list[_Held], process: Process, placement: Placement,
+                 restarts: int, echo):  # fmt: skip
+        self.hosts, self.placement, self.restarts, self.echo = hosts, placement, restarts, echo
+        self.command = list(process.rank_command or process.command)
+        # Ray chose each host's GPUs: the plan's physical ids do not apply.
+        self.env = {k: v for k, v in process.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+        self.incarnation = -1
+        self.codes: list[int | None] = []
+        self.events: list[dict] = []
+
+    def launch(self, ray, cause: str | None) -> None:
+        self.incarnation += 1
+        if cause is not None:
+            self.events.append({"process": "learner", "incarnation": self.incarnation,
+                                "run_id": None, "cause": cause, "at": time.time()})  # fmt: skip
+        cmd = resumed_command(self.command) if self.incarnation else self.command
+        world = self.placement.ranks
+        places = ray.get([h.handle.where.remote() for h in self.hosts], timeout=PLACE_TIMEOUT_S)
+        envs = [{}]
+        if world > 1:
+            port = ray.get(self.hosts[0].handle.free_port.remote(), timeout=60)
+            envs = rendezvous(places, self.placement.per_node, port)
+        ray.get([h.handle.launch.remote(cmd, self.env | env, self.incarnation, h.rank, world)
+                 for h, env in zip(self.hosts, envs, strict=True)], timeout=PLACE_TIMEOUT_S)  # fmt: skip
+        self.codes = [None] * world
+
+    def ended(self, rank: int, state: HostState) -> int | None:
+        """A rank's process ended: the learner's exit code when the learner is over."""
+        from gagpo.learner.cli import EXIT_STOPPED_EARLY
+
+        if state.incarnation != self.incarnation:
+            return None  # a previous incarnation's process, stopped on purpose
+        self.codes[rank] = state.returncode
+        if state.returncode in (0, EXIT_STOPPED_EARLY):
+            done = all(c is not None for c in self.codes)
+            return self.codes[0] if done else None
+        return self.failed(f"rank {rank}'s process exited with {state.returncode}",
+                           state.returncode)  # fmt: skip
+
+    def failed(self, cause: str, code: int):
+        """One rank failed: every rank stops; the learner starts again if it may."""
+        import ray
+
+        if self.incarnation >= self.restarts:
+            self.echo(f"[learner] (ray) {cause}; no restart left (run.learner_restarts)")
+            return code
+        self.echo(f"[learner] (ray) {cause}; every rank restarts with --resume")
+        for h in self.hosts:
+            h.poll = None
+            with contextlib.suppress(Exception):  # a dead host: Ray restarts it, it waits
+                ray.get(h.handle.stop.remote(signal.SIGTERM, 10.0), timeout=60)
+        try:
+            self.launch(ray, cause)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            self.echo(f"[learner] (ray) cannot start its ranks again ({type(exc).__name__})")
+            return code or 1
+        return None
+
+
+def _supervise(ray, held: list[_Held], learner: _Learner, config, echo) -> int:
     """Relay every host's output until the learner ends; restart what ended by itself."""
     from ray.exceptions import ActorDiedError, RayActorError
 
-    from gagpo.learner.cli import EXIT_STOPPED_EARLY
-
+    actors = [h for h in held if h.rank is None]
     while True:
         for h in held:
             if h.poll is None and not h.gone:
@@ -323,43 +513,42 @@ def _supervise(ray, held: list[_Held], config, echo) -> int:
                 h.gone = True
                 echo(f"[{h.label}] (ray) died and will not be restarted "
                      "(run.actor_restarts / run.learner_restarts spent)")  # fmt: skip
-                if h.label == "learner":
+                if h.rank is not None:
                     return 1
-                if all(x.gone for x in held if x.label != "learner"):
+                if all(x.gone for x in actors):
                     echo("ray: every actor is gone; the learner is stopped")
                     return 1
                 continue
             except RayActorError:  # it died; Ray is restarting it (a new incarnation)
                 echo(f"[{h.label}] (ray) died; Ray restarts it")
+                if h.rank is not None and (code := learner.failed(
+                        f"rank {h.rank}'s Ray actor died", 1)) is not None:  # fmt: skip
+                    return code
                 continue
-            h.pids.add(state.pid)
             for line in state.lines:
                 echo(f"[{h.label}] {line}")
             if state.returncode is None:
                 continue
-            if h.label == "learner":
-                if state.returncode in (0, EXIT_STOPPED_EARLY):
-                    return state.returncode
-                if state.incarnation >= config.learner_restarts:
-                    return state.returncode
-                echo(f"[learner] (ray) exited with {state.returncode}; restarting with --resume")
-            elif state.incarnation >= config.actor_restarts:
+            if h.rank is not None:
+                if (code := learner.ended(h.rank, state)) is not None:
+                    return code
+                continue
+            if state.incarnation >= config.actor_restarts:
                 h.gone = True
                 echo(f"[{h.label}] (ray) exited with {state.returncode}; no restart left")
-                if all(x.gone for x in held if x.label != "learner"):
+                if all(x.gone for x in actors):
                     echo("ray: every actor is gone; the learner is stopped")
                     return 1
                 continue
-            else:
-                echo(f"[{h.label}] (ray) exited with {state.returncode}; restarting it")
+            echo(f"[{h.label}] (ray) exited with {state.returncode}; restarting it")
             h.poll = h.handle.restart.remote()
         time.sleep(POLL_S)
 
 
 def _stop_all(ray, held: list[_Held], config, echo) -> None:
-    learner = [h for h in held if h.label == "learner"]
-    actors = [h for h in held if h.label != "learner"]
-    for group, sig in ((learner, signal.SIGINT), (actors, signal.SIGTERM)):
+    ranks = [h for h in held if h.rank is not None]
+    actors = [h for h in held if h.rank is None]
+    for group, sig in ((ranks, signal.SIGINT), (actors, signal.SIGTERM)):
         refs = [(h, h.handle.stop.remote(sig, config.stop_timeout_s)) for h in group]
         for h, ref in refs:
             try:
@@ -368,6 +557,56 @@ def _stop_all(ray, held: list[_Held], config, echo) -> None:
                 continue
             for line in state.lines:
                 echo(f"[{h.label}] {line}")
+
+
+# --- restarts, in the closing lines and in the store ----------------------------------------
+
+
+def _restarts_text(events: list[dict]) -> str:
+    learner = sum(1 for e in events if e["process"] == "learner")
+    each: dict[str, int] = {}
+    for e in events:
+        each[e["process"]] = each.get(e["process"], 0) + 1
+    listed = ", ".join(f"{label} ×{n}" for label, n in sorted(each.items()))
+    return (f"ray: {len(events) - learner} actor restart(s), {learner} learner restart(s)"
+            + (f" ({listed})" if listed else ""))  # fmt: skip
+
+
+def restarts_path(store, run_id: str) -> str:
+    return store.path(RESTARTS_DIR, f"restarts-{run_id}.parquet")
+
+
+def write_restarts(store_url: str, run_id: str, events: list[dict]) -> None:
+    """STORE/ray/restarts-<run id>.parquet: one row per restart of this run (none: an empty
+    file, so a run without restarts says so too), committed atomically as every file."""
+    import pyarrow as pa
+
+    from gagpo.schemas.store import Store
+
+    store = Store(store_url)
+    schema = pa.schema([("process", pa.string()), ("incarnation", pa.int32()),
+                        ("run_id", pa.string()), ("cause", pa.string()),
+                        ("at", pa.timestamp("ms", tz="UTC"))])  # fmt: skip
+    rows = sorted(events, key=lambda e: e["at"])
+    table = pa.table({"process": [e["process"] for e in rows],
+                      "incarnation": [e["incarnation"] for e in rows],
+                      "run_id": [e["run_id"] for e in rows], "cause": [e["cause"] for e in rows],
+                      "at": [int(e["at"] * 1000) for e in rows]}, schema=schema)  # fmt: skip
+    store.write_parquet(
+        table, restarts_path(store, run_id), {b"gagpo.launch_run_id": run_id.encode()}
+    )
+
+
+def restarts_line(store_url: str, run_id: str) -> str:
+    """The closing line of a Ray run, read back from what the run wrote to the store."""
+    from gagpo.schemas.store import Store
+
+    store = Store(store_url)
+    path = restarts_path(store, run_id)
+    if not store.exists(path):
+        return "ray restarts: not recorded (the run ended before its Ray actors started)"
+    rows = store.read_table(path).to_pylist()
+    return _restarts_text(rows).replace("ray: ", "ray restarts: ", 1) + f"; recorded in {path}"
 
 
 def check_store_shared(ray, store: str) -> None:
@@ -400,8 +639,9 @@ def _probe_nodes(ray, nodes: list[dict], probe: str) -> list[bool]:
 
     exists = ray.remote(num_cpus=0)(os.path.exists)
     refs = [
-        exists.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-        .remote(probe)
+        exists.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(probe)
         for n in nodes
     ]
     return list(ray.get(refs, timeout=120))

@@ -53,6 +53,8 @@ class RunConfig(Config):
     """With --ray: times each actor is restarted (fresh run id and seeds) after it died."""
     learner_restarts: int = Field(2, ge=0, le=100)
     """With --ray: times the learner is started again with --resume after it failed."""
+    learner_nodes: int = Field(0, ge=0, le=64)
+    """With --ray: nodes the learner's ranks span, split evenly; 0: one node if one holds them."""
     report: bool = True
     """Write `gagpo report` (plots and summary.md) into STORE/report/ when the run ends."""
     credit: bool = True
@@ -154,7 +156,7 @@ def run(
         return plan_run(path, store, config, actor_cfg, learner_cfg,
                         actor_args=policy_flags + actor_args,
                         learner_args=policy_flags + learner_args, run_id=run_id,
-                        gpus_visible=None if dry_run else _gpus_visible(config))  # fmt: skip
+                        gpus_visible=None if dry_run or ray else _gpus_visible(config))  # fmt: skip
 
     run_id = new_id()
     if dry_run:
@@ -163,9 +165,18 @@ def run(
             from gagpo.workflows.warmstart import POLICY_DIR, cache_key, warmstart_root
 
             warm_flags = ["--policy", str(warmstart_root() / cache_key(warm_cfg) / POLICY_DIR)]
-        echo(plan(warm_flags).describe())
+        if ray is None:
+            echo(plan(warm_flags).describe())
+        else:  # where Ray would put it (workflows/ray_run.py)
+            from gagpo.workflows.ray_run import describe_on_ray
+
+            echo(describe_on_ray(plan(warm_flags), config, None if ray == "local" else ray))
         return 0
     plan([])  # an impossible layout fails before the warm start is built
+    if ray is not None:  # and one the Ray cluster cannot hold
+        from gagpo.workflows.ray_run import check_on_ray
+
+        check_on_ray(plan([]), config, None if ray == "local" else ray)
     Store(store).ensure_writable()
     # SIGTERM ends us like Ctrl-C. SIGINT is handled explicitly too: a shell starts background
     # jobs with SIGINT ignored, and the children would inherit that and ignore our SIGINT.
@@ -195,6 +206,10 @@ def run(
     if code in (0, EXIT_STOPPED_EARLY):  # stopped early: the learner said why; show what ran
         echo(summary(store))
         echo(after_run(store, config, actor_cfg, learner_cfg.estimator, echo))
+        if ray is not None:  # the restarts, as recorded in the store
+            from gagpo.workflows.ray_run import restarts_line
+
+            echo(restarts_line(store, run_id))
     return code
 
 
