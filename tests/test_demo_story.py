@@ -84,6 +84,15 @@ def test_zero_share_iqr_and_auc_by_hand(comparison):
         assert len(pos) and len(neg)  # both kinds of move were played
         pairs = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
         assert row["auc"] == pytest.approx(float(pairs.mean()))
+        # within a state: only the pairs of moves made from one state of one group
+        wins = count = 0.0
+        for _, pool in scored.group_by([C.GROUP_ID, C.STATE_KEY]):
+            a, o = pool[C.ADVANTAGE].to_numpy(), pool["optimal"].to_numpy()
+            p, n = a[o], a[~o]
+            wins += float(((p[:, None] > n[None, :]) + 0.5 * (p[:, None] == n[None, :])).sum())
+            count += len(p) * len(n)
+        assert count > 0  # some state saw both an optimal and another move
+        assert row["state_auc"] == pytest.approx(wins / count)
 
 
 def test_the_printed_sql_reproduces_the_table(sokoban_store, comparison):

@@ -9,7 +9,13 @@ STORE/advantages/<tag>/ so that SQL sees them. For each estimator, over every st
 - credit AUC: the probability that a move the Sokoban solver calls optimal (it starts a
   shortest solution from its state, `sokoban.solve`) has a higher advantage than one it does
   not (ties ½; 0.5 = no credit, 1 = perfect ranking). Steps in solved or unsolvable states
-  carry no label and are left out of the AUC only.
+  carry no label and are left out of the AUC only;
+- credit AUC within a state: the same, over the pairs of moves made from one state of one
+  group only (the comparison a state's policy gradient makes: which move from here was
+  better). The pooled AUC also ranks moves of different states against each other, so an
+  estimator whose advantages carry a state's later TD residuals (GAE, λ > 0) loses there
+  what it gains here; GRPO, one advantage per rollout, ranks moves well across states and
+  poorly within one.
 
 `credit_figure` draws one trajectory's advantages under each estimator, turn by turn, with
 the optimal moves marked; SQL_QUERY recomputes the first two columns from the views.
@@ -78,7 +84,7 @@ def label(steps: pl.DataFrame) -> pl.DataFrame:
     states = steps.select(C.STATE_KEY).unique().with_columns(
         best=pl.col(C.STATE_KEY).map_elements(lambda k: sorted(optimal_moves(k)), pl.List(pl.String)))  # fmt: skip
     return (
-        steps.select(C.TRAJ_ID, C.STEP, C.POLICY_VERSION, C.STATE_KEY, C.ACTION_TEXT)
+        steps.select(C.TRAJ_ID, C.STEP, C.POLICY_VERSION, C.GROUP_ID, C.STATE_KEY, C.ACTION_TEXT)
         .join(replies, on=C.ACTION_TEXT)
         .join(states, on=C.STATE_KEY)
         .filter(pl.col("best").list.len() > 0)  # solved or unsolvable states carry no label
@@ -86,10 +92,33 @@ def label(steps: pl.DataFrame) -> pl.DataFrame:
             C.TRAJ_ID,
             C.STEP,
             C.POLICY_VERSION,
+            C.GROUP_ID,
+            C.STATE_KEY,
             "move",
             optimal=pl.col("best").list.contains(pl.col("move")).fill_null(False),
         )
     )
+
+
+def within_state_auc(scored: pl.DataFrame) -> float:
+    """The AUC over the pairs (optimal, other) of moves made from the same state of the same
+    group (ties ½), from average ranks within each (group, state); nan if no state had both."""
+    by = [C.GROUP_ID, C.STATE_KEY]
+    pools = (
+        scored.with_columns(rank=pl.col(C.ADVANTAGE).rank("average").over(by))
+        .group_by(by)
+        .agg(
+            n=pl.len(),
+            pos=pl.col("optimal").sum(),
+            rank_sum=pl.col("rank").filter(pl.col("optimal")).sum(),
+        )
+        .filter((pl.col("pos") > 0) & (pl.col("pos") < pl.col("n")))
+    )
+    pairs = (pools["pos"] * (pools["n"] - pools["pos"])).sum()
+    if not pairs:
+        return float("nan")
+    wins = (pools["rank_sum"] - pools["pos"] * (pools["pos"] + 1) / 2).sum()
+    return float(wins / pairs)
 
 
 def auc(scores: np.ndarray, positive: np.ndarray) -> float:
@@ -162,7 +191,7 @@ def compare(store_url: str, run_estimator: EstimatorConfig | None = None) -> Com
         tables[name] = adv
         x = adv[C.ADVANTAGE].to_numpy()
         q1, q3 = np.quantile(x, [0.25, 0.75])
-        scored = labelled.join(adv, on=[C.TRAJ_ID, C.STEP])
+        scored = labelled.join(adv.drop(C.GROUP_ID), on=[C.TRAJ_ID, C.STEP])
         rows.append({
             "estimator": name,
             "tag": config.tag,
@@ -170,6 +199,7 @@ def compare(store_url: str, run_estimator: EstimatorConfig | None = None) -> Com
             "zero_share": float((np.abs(x) < ZERO).mean()),
             "iqr": float(q3 - q1),
             "auc": auc(scored[C.ADVANTAGE].to_numpy(), scored["optimal"].to_numpy()),
+            "state_auc": within_state_auc(scored),
             "labelled_steps": scored.height,
         })  # fmt: skip
     return Comparison(rows, steps.height, labelled, tables)
@@ -181,10 +211,10 @@ def table(comparison: Comparison) -> str:
     optimal = c.labelled["optimal"].mean() if c.labelled.height else float("nan")
     lines = [f"credit on this run's own {c.steps} steps, recomputed (no training); the solver "
              f"labels {c.labelled.height} moves ({optimal:.0%} optimal)",
-             "estimator      zero_advantage  advantage_IQR  credit_AUC"]  # fmt: skip
+             "estimator      zero_advantage  advantage_IQR  credit_AUC  within_a_state"]  # fmt: skip
     for r in c.rows:
         lines.append(f"{r['estimator']:<13}  {r['zero_share']:>14.1%}  {r['iqr']:>13.3f}  "
-                     f"{r['auc']:>10.3f}")  # fmt: skip
+                     f"{r['auc']:>10.3f}  {r['state_auc']:>14.3f}")  # fmt: skip
     return "\n".join(lines)
 
 

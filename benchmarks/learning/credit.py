@@ -12,6 +12,7 @@ solution left (a box stuck in a corner) or already solved carry no label and are
 Per estimator and store:
 - AUC: the probability that an optimal move's advantage exceeds a non-optimal one's (ties
   count half; 0.5 = no credit, 1 = perfect ranking), from the ranks of all labelled steps;
+- AUC within a state: the same over pairs of moves from one state of one group only;
 - separation: (mean advantage of optimal moves − mean of the others) / std of all;
 - IQR of the advantages (the paper's spread statistic, here on identical data).
 
@@ -31,7 +32,7 @@ import polars as pl
 from gagpo.pipeline.advantages import compute_advantages
 from gagpo.pipeline.config import parse_estimator_config
 from gagpo.schemas import columns as C
-from gagpo.workflows.credit import auc, label, moves_to_go, optimal_moves  # noqa: F401  (the oracle)
+from gagpo.workflows.credit import auc, label, moves_to_go, optimal_moves, within_state_auc  # noqa: F401
 
 ESTIMATORS = ("gagpo", "gagpo_lambda0", "gagpo_lambda1", "gigpo", "grpo", "rloo")
 LABELS = {"gagpo": "GAGPO (λ=0.8)", "gagpo_lambda0": "GAGPO λ=0", "gagpo_lambda1": "GAGPO λ=1",
@@ -48,6 +49,7 @@ def credit(steps: pl.DataFrame, estimator: str) -> dict:
     q1, q3 = np.quantile(adv[C.ADVANTAGE].to_numpy(), [0.25, 0.75])
     return {
         "auc": auc(x, y),
+        "state_auc": within_state_auc(labelled),
         "separation": float((x[y].mean() - x[~y].mean()) / x.std()) if x.std() > 0 else 0.0,
         "iqr": float(q3 - q1),
         "labelled_steps": len(x),
@@ -69,11 +71,11 @@ def read_steps(store: Path, max_version: int | None) -> pl.DataFrame:
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    lines = ["| estimator | stores | AUC (optimal vs other moves) | separation | advantage IQR |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| estimator | stores | AUC (optimal vs other moves) | AUC within a state | separation "
+             "| advantage IQR |", "|---|---|---|---|---|---|"]  # fmt: skip
     for name, rows in results.items():
         cells = [f"{np.mean([r[k] for r in rows]):.3f} ± {np.std([r[k] for r in rows]):.3f}"
-                 for k in ("auc", "separation", "iqr")]  # fmt: skip
+                 for k in ("auc", "state_auc", "separation", "iqr")]  # fmt: skip
         lines.append(f"| {LABELS.get(name, name)} | {len(rows)} | {' | '.join(cells)} |")
     return "\n".join(lines)
 

@@ -121,7 +121,9 @@ def measure(store: str | Path, env: str = "") -> dict:
         import polars as pl
         from credit import auc, label  # benchmarks/learning/credit.py
 
-        moves = run_query(con, "select traj_id, step, policy_version, state_key, action_text from steps")
+        moves = run_query(
+            con, "select traj_id, step, policy_version, group_id, state_key, action_text from steps"
+        )
         own = run_query(con, "select traj_id, step, advantage from advantages")
         labelled = label(pl.from_arrow(moves)).join(pl.from_arrow(own), on=["traj_id", "step"])
         extra["credit_auc"] = auc(labelled["advantage"].to_numpy(), labelled["optimal"].to_numpy())
