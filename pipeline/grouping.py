@@ -72,7 +72,8 @@ BINS = 64
 RECALL_AT_TAU = 0.999
 _EMPTY = np.uint32(0xFFFFFFFF)  # an empty sketch bin
 _MIX_SEED = np.uint64(0x9E3779B97F4A7C15)
-_CHUNK_BYTES = 1 << 24  # shingles hashed per pass (bounds memory)
+_CHUNK_BYTES = 1 << 18  # shingles hashed per pass: arrays that stay in cache
+_BLOCK_KEYS = 2048  # minhash works over blocks of whole groups of about this many keys
 
 
 # --- the setting ---------------------------------------------------------------------
@@ -414,7 +415,12 @@ def sketches(keys: pl.Series) -> np.ndarray:
     of the key's UTF-8; a key shorter than that is one shingle) are mixed, the top 6
     bits of the hash pick a bin and the bin keeps the least of the next 32 bits
     (_EMPTY where no shingle fell). Vectorised, in chunks of keys to bound memory."""
-    data, offsets = _utf8(keys)
+    return _sketch_bytes(*_utf8(keys))
+
+
+def _sketch_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """`sketches` of the keys whose UTF-8 bytes are data[offsets[i]:offsets[i + 1]]."""
+    data, offsets = data[offsets[0] : offsets[-1]], offsets - offsets[0]
     m = int(offsets[-1]) if offsets.size else 0
     d = np.zeros(m + SHINGLE + 1, np.uint64)
     d[: data[:m].shape[0]] = data[:m]
@@ -526,41 +532,80 @@ def _minhash(
     query_gid: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each exact pool's component of LSH links (labelled by the pool of its smallest
-    key), and the component of each query's most similar linked key (NO_POOL if none)."""
+    key), and the component of each query's most similar linked key (NO_POOL if none).
+
+    Pools never cross groups, so the work runs over blocks of whole groups of about
+    _BLOCK_KEYS keys: every array of a block stays in cache, and the result is the one a
+    single pass would give (buckets, links and ranks are all within a group)."""
     n = key.len()
     by_string = (key.rank("dense") - 1).cast(pl.Int64).to_numpy()  # equal only across groups
     rank = np.empty(n, np.int64)
     rank[np.lexsort((key_gid, by_string))] = np.arange(n)
-    sketch, rows = sketches(key), band_rows(tau)
-    bucket = _buckets(sketch, key_gid, rows)
-    a, b = _bucket_pairs(bucket, rank)
-    linked = (key_gid[a] == key_gid[b]) & (similarity(sketch[a], sketch[b]) >= tau)
-    merged = components(a[linked], b[linked], rank)
+    rows = band_rows(tau)
+    order = np.argsort(key_gid, kind="stable")
+    q_order = np.argsort(query_gid, kind="stable")
+    gids, q_gids = key_gid[order], query_gid[q_order]
+    merged = np.arange(n, dtype=np.int64)
     found = np.full(query_gid.shape[0], NO_POOL, INDEX)
+    group_start = np.flatnonzero(np.concatenate(([True], gids[1:] != gids[:-1])))
+    at = np.searchsorted(group_start, np.arange(0, n, _BLOCK_KEYS), "right") - 1
+    cuts = np.unique(group_start[at])  # each block starts where a group does
+    text, q_text = _utf8(key.gather(order)), _utf8(query_key.gather(q_order))  # once
+    for lo, hi in zip(cuts, [*cuts[1:], n], strict=True):
+        idx = order[lo:hi]
+        q_lo, q_hi = np.searchsorted(q_gids, [gids[lo], gids[hi - 1] + 1])
+        q_idx = q_order[q_lo:q_hi]
+        block, q_found = _minhash_block(
+            (text[0], text[1][lo : hi + 1]), key_gid[idx], rank[idx], tau, rows,
+            (q_text[0], q_text[1][q_lo : q_hi + 1]), query_gid[q_idx],
+        )  # fmt: skip
+        merged[idx] = idx[block]
+        found[q_idx] = np.where(q_found == NO_POOL, NO_POOL, idx[np.maximum(q_found, 0)])
+    return merged.astype(INDEX), found
+
+
+def _minhash_block(
+    key: tuple[np.ndarray, np.ndarray],
+    key_gid: np.ndarray,
+    rank: np.ndarray,
+    tau: float,
+    rows: int,
+    query_key: tuple[np.ndarray, np.ndarray],
+    query_gid: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """_minhash on whole groups (keys and queries as UTF-8 bytes and offsets), in local
+    indices: each key's component label (its least ranked key) and each query's best
+    linked key's label (NO_POOL if none)."""
+    n = key_gid.shape[0]
+    local = np.empty(n, np.int64)  # ranks 0..n−1 in the same order
+    local[np.argsort(rank)] = np.arange(n)
+    sketch = _sketch_bytes(*key)
+    bucket = _buckets(sketch, key_gid, rows)
+    a, b = _bucket_pairs(bucket, local)
+    linked = (key_gid[a] == key_gid[b]) & (similarity(sketch[a], sketch[b]) >= tau)
+    merged = components(a[linked], b[linked], local)
+    found = np.full(query_gid.shape[0], NO_POOL, np.int64)
     if not query_gid.size:
-        return merged.astype(INDEX), found
-    # Queries: the keys sharing a bucket with them, verified like a link.
-    q_sketch = sketches(query_key)
+        return merged, found
+    # Queries: the keys sharing a bucket with them, once each, verified like a link.
+    q_sketch = _sketch_bytes(*query_key)
     q_bucket = _buckets(q_sketch, query_gid, rows).reshape(-1)
     k_bucket = bucket.reshape(-1)
-    order = np.argsort(k_bucket, kind="stable")
-    k_bucket, k_item = (
-        k_bucket[order],
-        np.repeat(np.arange(n, dtype=np.int64), bucket.shape[1])[order],
-    )
-    lo, hi = (
-        np.searchsorted(k_bucket, q_bucket, "left"),
-        np.searchsorted(k_bucket, q_bucket, "right"),
-    )
-    count = np.where(q_bucket == 0, 0, hi - lo)
-    qi = np.repeat(np.repeat(np.arange(query_gid.shape[0]), bucket.shape[1]), count)
+    by_bucket = np.argsort(k_bucket, kind="stable")
+    k_bucket = k_bucket[by_bucket]
+    k_item = by_bucket // bucket.shape[1]
+    lo = np.searchsorted(k_bucket, q_bucket, "left")
+    count = np.where(q_bucket == 0, 0, np.searchsorted(k_bucket, q_bucket, "right") - lo)
+    qi = np.repeat(np.arange(q_bucket.shape[0]) // bucket.shape[1], count)
     ki = k_item[_spans(lo, count)]
+    pair = np.unique(qi * n + ki)
+    qi, ki = pair // n, pair % n
     score = similarity(q_sketch[qi], sketch[ki])
     ok = (key_gid[ki] == query_gid[qi]) & (score >= tau)
     qi, ki, score = qi[ok], ki[ok], score[ok]
     if qi.size:  # the best: highest score, then the component with the smallest key
-        order = np.lexsort((rank[merged[ki]], -score, qi))
+        order = np.lexsort((local[merged[ki]], -score, qi))
         qi, ki = qi[order], ki[order]
         head = np.concatenate(([True], qi[1:] != qi[:-1]))
         found[qi[head]] = merged[ki[head]]
-    return merged.astype(INDEX), found
+    return merged, found
