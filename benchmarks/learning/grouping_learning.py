@@ -14,7 +14,8 @@ Each cell (mode × seed) is one `gagpo run --recipe workflows/recipes/rooms.toml
 store under OUT/<mode>/seed<k>/: the same warm start (cached after the first cell), the same
 budget and hyper-parameters, only `learner.estimator.state_grouping` differs. A finished
 cell leaves `result.json` and is skipped when run again. The result is the held-out success
-(the recipe's eval_groups tasks, the same for every cell) of v0 and of the last version.
+(the recipe's eval_groups tasks, the same for every cell) of v0, every eval_every-th version and the
+last; the table gives each version's mean ± std over seeds and the mean over versions.
 """
 
 from __future__ import annotations
@@ -93,23 +94,29 @@ def measure(store: Path) -> dict:
         "last_valid": last.get("valid_rate"),
         "rollouts": last["rollouts"],
         "trained_steps": int(steps.item()),
+        "curve": {
+            int(r["policy_version"]): r["success_rate"] for r in heldout.iter_rows(named=True)
+        },
     }
 
 
 def report(results: list[dict], modes: list[str]) -> str:
-    lines = ["| mode | seeds | held-out success v0 | held-out success last | Δ (last − v0) |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    done = [r for r in results if r]
+    versions = sorted({int(v) for r in done for v in r["curve"]})
+    head = " | ".join(f"v{v}" for v in versions)
+    lines = [f"| mode | seeds | {head} | mean over versions |",
+             "|---|---|" + "---|" * len(versions) + "---|"]  # fmt: skip
     for mode in modes:
         rows = [r for r in results if r and r["mode"] == mode]
         if not rows:
             continue
-        v0 = np.array([r["v0_success"] for r in rows])
-        last = np.array([r["last_success"] for r in rows])
-        each = ", ".join(f"{100 * x:.0f}" for x in last)
-        lines.append(
-            f"| {mode} | {len(rows)} | {100 * v0.mean():.1f} % | {100 * last.mean():.1f} ± "
-            f"{100 * last.std():.1f} % ({each}) | {100 * (last - v0).mean():+.1f} pts |"
-        )
+        curve = np.array([[r["curve"][str(v)] if str(v) in r["curve"] else r["curve"][v]
+                           for v in versions] for r in rows])  # fmt: skip
+        cells = " | ".join(f"{100 * m:.1f} ± {100 * d:.1f}"
+                           for m, d in zip(curve.mean(0), curve.std(0), strict=True))  # fmt: skip
+        area = curve.mean(1)
+        lines.append(f"| {mode} | {len(rows)} | {cells} | {100 * area.mean():.1f} ± "
+                     f"{100 * area.std():.1f} % |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -117,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=["exact", "normalized"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--updates", type=int, default=40)
+    parser.add_argument("--updates", type=int, default=16)
     parser.add_argument("--out", type=Path, default=HERE / "runs" / "grouping")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
