@@ -5,6 +5,7 @@ checked by the pids seen and by Ray's session folder, never by name."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -15,13 +16,14 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
 from gagpo.workflows import ray_run
-from gagpo.workflows.layout import SEED_STRIDE
+from gagpo.workflows.layout import SEED_STRIDE, Plan, Process
 from gagpo.workflows.ray_placement import RankPlace, check_cluster, place, rendezvous
 
 GAGPO = [sys.executable, "-m", "gagpo.workflows.cli"]
@@ -190,6 +192,29 @@ def _processes_naming(folder: Path) -> set[int]:
     return found
 
 
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+
+
+def _listening(pids: set[int]) -> set[tuple[str, int]]:
+    """(address in /proc/net hex, port) of every TCP socket these processes listen on."""
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                address, port = cols[1].split(":")
+                found.add((address, int(port, 16)))
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -264,16 +289,26 @@ def test_tiny_recipe_on_a_local_ray_instance(tmp_path):
     store_dir = tmp_path / "store"
     run = _Run(["--recipe", "tiny", "--store", str(store_dir), "--ray", *QUICK], env)
     seen: set[int] = set()
+    listening: set[tuple[str, int]] = set()
     while run.proc.poll() is None:  # Ray's processes, as long as the run lasts
-        seen |= _processes_naming(ray_tmp)
+        now = _processes_naming(ray_tmp)
+        seen |= now
+        listening |= _listening(now)
         time.sleep(1.0)
     assert run.finish() == 0, run.text()[-3000:]
     out = run.text()
     _assert_trained_as_without_ray(store_dir, 3)
-    assert "ray: started a local Ray instance" in out
+    assert "ray: started a local Ray instance at 127.0.0.1:" in out
+    # The local instance listens on the loopback interface only, and has no dashboard.
+    assert listening and {address for address, _ in listening} <= LOOPBACK, listening
+    assert not any(port == 8265 for _, port in listening)
     assert re.search(r"^\[actor 0\] groups \d+", out, re.M)
     assert re.search(r"^\[learner\] update 3/3", out, re.M)
     assert "ray: 0 actor restart(s), 0 learner restart(s)" in out
+    assert re.search(r"^ray restarts: 0 actor restart\(s\), 0 learner restart\(s\); "
+                     r"recorded in \S+/ray/restarts-\w+\.parquet$", out, re.M)  # fmt: skip
+    (recorded,) = (store_dir / "ray").glob("restarts-*.parquet")
+    assert pq.read_table(recorded).num_rows == 0
     assert "policy_version" in out and re.search(r"groups: \d+ generated, \d+ trained", out)
     assert len(seen) >= 3, seen  # gcs, raylet, workers… were seen by their session folder
     children = run.child_pids()
@@ -337,6 +372,12 @@ def test_a_killed_actor_and_a_killed_learner_are_restarted(cluster, tmp_path):
     assert not _alive(first_actor)  # the child died with its Ray actor
     store = _assert_trained_as_without_ray(store_dir, 5)
     assert "ray: 1 actor restart(s), 1 learner restart(s) (actor 0 ×1, learner ×1)" in out
+    assert "ray restarts: 1 actor restart(s), 1 learner restart(s) (actor 0 ×1, learner ×1)" in out
+    (recorded,) = (store_dir / "ray").glob("restarts-*.parquet")
+    rows = {r["process"]: r for r in pq.read_table(recorded).to_pylist()}
+    assert rows["actor 0"]["incarnation"] == 1 and rows["actor 0"]["run_id"] == restart.group(2)
+    assert "Ray restarted it" in rows["actor 0"]["cause"]
+    assert rows["learner"]["incarnation"] == 1 and "exited with -9" in rows["learner"]["cause"]
     runs = {ref.run_id for ref in store.list_shards()}
     assert restart.group(2) in runs and len(runs) == 2
     by_run: dict[str, set] = {}
@@ -351,3 +392,39 @@ def test_a_killed_actor_and_a_killed_learner_are_restarted(cluster, tmp_path):
             ray.get_actor(name)
     time.sleep(1.0)
     assert not {pid for pid in run.child_pids() if _alive(pid)}
+
+
+@pytest.mark.slow
+def test_a_learner_of_two_ranks_placed_by_ray(cluster, tmp_path):
+    """Two CPU ranks (gloo), each a Ray actor running the learner's own command line with the
+    rendezvous Ray gave it (no torchrun): the same parameters as one process on the same
+    data, as tests/test_learner_dist.py shows for torchrun."""
+    from gagpo.workflows.run import RunConfig
+    from tests.test_learner_dist import learner_args
+    from tests.test_learner_support import learner_cmd, parameters, run_learner, write_shards
+
+    ray, address, _ = cluster
+    stores = {name: Store(str(tmp_path / name)) for name in ("one", "two")}
+    for store in stores.values():
+        write_shards(store, 3, groups=3)
+    single = run_learner(*learner_args(tmp_path / "one", "--mini-batches", "1"))
+    assert single.returncode == 0, single.stderr
+    cmd = learner_cmd(*learner_args(tmp_path / "two", "--mini-batches", "1"))
+    plan = Plan([Process("learner", cmd, env={"OMP_NUM_THREADS": "1"}, ranks=2)])
+    lines: list[str] = []
+    config = RunConfig(learner_restarts=0, stop_timeout_s=30)
+    code = ray_run.run_on_ray(plan, config, lines.append, address=address,
+                              store=str(tmp_path / "two"), run_id="TWO")  # fmt: skip
+    out = "\n".join(lines)
+    assert code == 0, out[-3000:]
+    assert re.search(
+        r"^\[learner\] \(ray\) started pid \d+ .*\(rank 0/2, rendezvous \S+:\d+\)", out, re.M
+    )
+    assert re.search(r"^\[learner rank 1\] \(ray\) started pid \d+ .*\(rank 1/2, ", out, re.M)
+    assert "(1 rank(s)" not in out and "(2 rank(s) on 1 node(s))" in out
+    a, b = parameters(stores["one"].policy_dir(3)), parameters(stores["two"].policy_dir(3))
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=1e-5, rtol=0, err_msg=name)
+    for name in ("gagpo-TWO-learner", "gagpo-TWO-learner-rank-1"):
+        with pytest.raises(ValueError):
+            ray.get_actor(name)

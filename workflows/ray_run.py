@@ -241,10 +241,12 @@ class RankHost(_Child):
         self.stop(signal.SIGKILL, 1.0)  # a previous incarnation's process, if any is left
         self.incarnation = incarnation
         self._spawn(cmd, env)
-        where = f" (rank {rank}/{world}, rendezvous {env['MASTER_ADDR']}:{env['MASTER_PORT']})"
+        where = ""
+        if world > 1:
+            where = f" (rank {rank}/{world}, rendezvous {env['MASTER_ADDR']}:{env['MASTER_PORT']})"
         self._say(
             f"(ray) started pid {self.proc.pid} on node {self.node}"
-            + (where if world > 1 else "")
+            + where
             + (f", restart {incarnation}: {_flags(cmd)}" if incarnation else "")
         )
         return self.poll()
@@ -362,17 +364,18 @@ def _run_placed(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     name = f"gagpo-{run_id}"
-    groups = [
-        placement_group(placement.actor_bundles, strategy=ACTORS_STRATEGY, name=f"{name}-actors")
-    ]
-    groups.append(placement_group(placement.learner_bundles, strategy=placement.learner_strategy,
-                                  name=f"{name}-learner"))  # fmt: skip
+    groups = [placement_group(placement.learner_bundles, strategy=placement.learner_strategy,
+                              name=f"{name}-learner")]  # fmt: skip
+    if placement.actor_bundles:  # none in a plan of the learner alone (a test's)
+        groups.append(placement_group(placement.actor_bundles, strategy=ACTORS_STRATEGY,
+                                      name=f"{name}-actors"))  # fmt: skip
     held: list[_Held] = []
     counter = None
     learner = None
     try:
-        ready, _ = ray.wait([g.ready() for g in groups], num_returns=2, timeout=PLACE_TIMEOUT_S)
-        if len(ready) < 2:
+        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups),
+                            timeout=PLACE_TIMEOUT_S)  # fmt: skip
+        if len(ready) < len(groups):
             raise GagpoError(
                 f"the Ray cluster cannot place this run within {PLACE_TIMEOUT_S:g} s: it needs "
                 f"{placement.actor_bundles} ({ACTORS_STRATEGY}) and {placement.learner_bundles} "
@@ -386,7 +389,7 @@ def _run_placed(
             handle = actor_host.options(
                 name=f"{name}-{p.label.replace(' ', '-')}", num_cpus=bundle["CPU"],
                 num_gpus=bundle.get("GPU", 0.0), max_restarts=config.actor_restarts,
-                max_task_retries=0, scheduling_strategy=PlacementGroupSchedulingStrategy(groups[0], i),
+                max_task_retries=0, scheduling_strategy=PlacementGroupSchedulingStrategy(groups[1], i),
             ).remote(p, os.getcwd(), counter, len(plan.actors))  # fmt: skip
             held.append(_Held(p.label, handle))
         for rank in range(placement.ranks):
@@ -394,13 +397,13 @@ def _run_placed(
                 name=f"{name}-learner" + (f"-rank-{rank}" if rank else ""), num_cpus=1,
                 num_gpus=placement.rank_gpu, max_restarts=config.learner_restarts,
                 max_task_retries=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    groups[1], placement.rank_bundle(rank)),
+                    groups[0], placement.rank_bundle(rank)),
             ).remote(os.getcwd())  # fmt: skip
             held.append(_Held("learner" if not rank else f"learner rank {rank}", handle, rank))
         names = ", ".join(f"{name}-{h.label.replace(' ', '-')}" for h in held)
         echo(f"ray: {len(plan.actors)} actor(s) and the learner ({placement.ranks} rank(s) on "
-             f"{placement.learner_nodes} node(s)) placed (placement groups {name}-actors, "
-             f"{name}-learner; Ray actors {names})")  # fmt: skip
+             f"{placement.learner_nodes} node(s)) placed (placement groups "
+             f"{name}-learner{f', {name}-actors' if len(groups) > 1 else ''}; Ray actors {names})")  # fmt: skip
         learner = _Learner([h for h in held if h.rank is not None], plan.learner, placement,
                            config.learner_restarts, echo)  # fmt: skip
         learner.launch(ray, None)
@@ -455,8 +458,11 @@ class _Learner:
         if world > 1:
             port = ray.get(self.hosts[0].handle.free_port.remote(), timeout=60)
             envs = rendezvous(places, self.placement.per_node, port)
-        ray.get([h.handle.launch.remote(cmd, self.env | env, self.incarnation, h.rank, world)
-                 for h, env in zip(self.hosts, envs, strict=True)], timeout=PLACE_TIMEOUT_S)  # fmt: skip
+        states = ray.get([h.handle.launch.remote(cmd, self.env | env, self.incarnation, h.rank, world)
+                          for h, env in zip(self.hosts, envs, strict=True)], timeout=PLACE_TIMEOUT_S)  # fmt: skip
+        for h, state in zip(self.hosts, states, strict=True):
+            for line in state.lines:
+                self.echo(f"[{h.label}] {line}")
         self.codes = [None] * world
 
     def ended(self, rank: int, state: HostState) -> int | None:
