@@ -13,19 +13,23 @@ actor, because:
 - torch, vLLM and CUDA live and die with the child, never in a Ray worker that Ray reuses.
 
 The child dies with its host (PR_SET_PDEATHSIG), so a Ray actor killed or lost takes its
-process with it. Ray places the hosts with one placement group, one bundle per process
-(its CPUs and GPUs, a fraction for a process that shares its GPU), spread across nodes;
-the learner is one bundle, so all its ranks sit on one node. Ray sets each host's
-CUDA_VISIBLE_DEVICES; the plan's physical GPU ids are not used.
+process with it. Ray places the hosts with two placement groups (workflows/ray_placement.py):
+the actors' (SPREAD, a bundle per actor) and the learner's (a bundle per node its ranks use:
+STRICT_PACK on one node, STRICT_SPREAD over several). Each learner rank is a `RankHost` of its
+own running the learner's command line with the rendezvous the driver reads from where the
+ranks landed (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK: no torchrun). Ray sets each
+host's CUDA_VISIBLE_DEVICES; the plan's physical GPU ids are not used, and the GPU counts are
+checked against the cluster's resources before anything starts.
 
 Faults. A dead actor host is restarted by Ray (max_restarts = run.actor_restarts); an actor
 process that exits by itself is restarted by its host, within the same bound. Every restart
 plays under a fresh run id and a seed no other incarnation uses (`restarted_command`), so no
-group repeats. A learner that fails (a rank died: torchrun exits non-zero) or whose host
-died is started again with `--resume` (run.learner_restarts), continuing its lineage. When
-the run ends, or on Ctrl-C, every process is stopped as `gagpo run` stops them, every Ray
-actor and the placement group this run made are removed, and a local instance started
-here is shut down with all its processes.
+group repeats. A learner that fails (a rank's process exits non-zero, or a rank's host died)
+is stopped on every rank and started again, every rank with `--resume` and a fresh port
+(run.learner_restarts), continuing its lineage. Restarts are written to
+STORE/ray/restarts-<run id>.parquet. When the run ends, or on Ctrl-C, every process is stopped
+as `gagpo run` stops them, every Ray actor and placement group this run made are removed, and
+a local instance started here is shut down with all its processes.
 """
 
 from __future__ import annotations
