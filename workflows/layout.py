@@ -8,7 +8,7 @@ each side gets:
   memory share (`actors.vllm.gpu_memory_utilization`, or `actor_gpu_memory`).
 - `learner_gpus = [4, 5, 6, 7]`: one GPU gives one learner process; several give
   `torchrun` with that many ranks on one node, sharding as `learner.parallel` says
-  (ddp or fsdp).
+  (ddp or fsdp); with `--ray`, one process per rank placed by Ray instead (`rank_command`).
 - A GPU in both lists is shared (colocated): the actors' shares and the learner's
   (`learner_gpu_memory`, default what the actors leave) must fit in it.
 

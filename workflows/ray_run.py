@@ -1,9 +1,9 @@
 """`gagpo run --ray [ADDRESS]`: the same plan as `gagpo run` (workflows/layout.py), its
 processes placed by a Ray cluster instead of started here (docs/cluster.md).
 
-Each process of the plan (every actor, the learner) is held by a Ray actor, a `ProcessHost`,
-that runs the plan's own command line (`python -m gagpo.actors.cli …`, `… gagpo.learner.cli …`
-or torchrun) as its child process. A child rather than `run_actor` called inside the Ray
+Each process of the plan (every actor, every learner rank) is held by a Ray actor, a
+`ProcessHost` (`RankHost` for a rank), that runs the plan's own command line
+(`python -m gagpo.actors.cli …`, `… gagpo.learner.cli …`) as its child process. A child rather than `run_actor` called inside the Ray
 actor, because:
 
 - it is exactly the code `gagpo-actors` and `gagpo-learner` run, CLI checks, signal handling
