@@ -3,11 +3,11 @@ processes placed by a Ray cluster instead of started here (docs/cluster.md).
 
 Each process of the plan (every actor, every learner rank) is held by a Ray actor, a
 `ProcessHost` (`RankHost` for a rank), that runs the plan's own command line
-(`python -m gagpo.actors.cli …`, `… gagpo.learner.cli …`) as its child process. A child rather than `run_actor` called inside the Ray
-actor, because:
+(`python -m gagpo.actors.cli …`, `… gagpo.learner.cli …`) as its child process. A child
+rather than `run_actor` called inside the Ray actor, because:
 
-- it is exactly the code `gagpo-actors` and `gagpo-learner` run, CLI checks, signal handling
-  and torchrun included, and the commands are the ones `--dry-run` prints;
+- it is exactly the code `gagpo-actors` and `gagpo-learner` run, CLI checks and signal
+  handling included, and the commands are the ones `--dry-run` prints;
 - a stop is graceful: SIGTERM lets an actor finish and commit its group, SIGINT stops the
   learner between updates. Killing a Ray actor mid-call could do neither;
 - torch, vLLM and CUDA live and die with the child, never in a Ray worker that Ray reuses.
