@@ -58,6 +58,60 @@ def summary(runs: list[Run], figures: list[Path], notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Modes the report always pools the store's steps under (pipeline/grouping.py), besides any
+# state_grouping its advantage tables were computed with; similar:τ is a Python per-group
+# map, so it is skipped above SIMILAR_MAX_STEPS.
+GROUPING_MODES = ("exact", "normalized", "minhash:0.8", "similar:0.9")
+SIMILAR_MAX_STEPS = 200_000
+POOL_SIZE_BINS = ((1, 1), (2, 3), (4, 7), (8, None))  # shares of steps by their pool's size
+
+
+def grouping_rows(con, extra: tuple[str, ...] = ()) -> list[dict]:
+    """Per state grouping, over the store's steps: pools, the share of steps whose pool is
+    that step alone (singleton share) and of steps after the first turn, and the share of
+    steps by pool size. One grouping pass per mode (no estimator)."""
+    import json
+
+    import numpy as np
+    import polars as pl
+
+    from gagpo.pipeline.grouping import group_states, parse_grouping
+
+    steps = pl.from_arrow(con.sql("SELECT group_id, step, state_key FROM steps").to_arrow_table())
+    if steps.height == 0:
+        return []
+    gid = (steps["group_id"].rank("dense") - 1).cast(pl.Int64).to_numpy()
+    later = (steps["step"] > 0).to_numpy()
+    used = []
+    for (params,) in con.execute("SELECT params FROM estimators").fetchall():
+        try:
+            used.append(json.loads(params or "{}").get("state_grouping"))
+        except (ValueError, AttributeError):
+            continue
+    modes = dict.fromkeys(m for m in (*GROUPING_MODES, *extra, *used) if m)
+    rows = []
+    for text in modes:
+        grouping = parse_grouping(text)
+        if grouping.mode == "similar" and steps.height > SIMILAR_MAX_STEPS:
+            continue
+        pools = group_states(grouping, gid, steps["state_key"], np.zeros(0, np.int64),
+                             pl.Series([], dtype=pl.String))  # fmt: skip
+        size = np.bincount(pools.pool)[pools.pool]
+        row = {"state_grouping": grouping.spec, "steps": steps.height,
+               "pools": int(pools.pool.max()) + 1, "singleton_share": float((size == 1).mean()),
+               "singleton_share_after_turn_0": float((size[later] == 1).mean()) if later.any() else None}  # fmt: skip
+        for low, high in POOL_SIZE_BINS:
+            name = (
+                f"pool_{low}+"
+                if high is None
+                else (f"pool_{low}" if low == high else f"pool_{low}-{high}")
+            )
+            inside = (size >= low) & (size <= (high or size.max()))
+            row[name] = float(inside.mean())
+        rows.append(row)
+    return rows
+
+
 def _run_summary(con) -> list[str]:
     totals = query_rows(con, _TOTALS)[0]
     lines = ["## Data", "", *_table([totals], list(totals))]
@@ -96,6 +150,15 @@ def _run_summary(con) -> list[str]:
         """,
     )
     lines += _table(estimators, list(estimators[0])) if estimators else ["no advantages yet"]
+
+    lines += ["", "## State grouping", "",
+              "The store's steps pooled under each state grouping (pipeline/grouping.py; "
+              "`gagpo advantages --state-grouping MODE` recomputes under one): singleton "
+              "share = steps whose pool is that step alone (GiGPO's step term is 0 there, "
+              "GAGPO's value proxy is the step's own return); pool_a-b: share of steps in "
+              "pools of that size.", ""]  # fmt: skip
+    grouping = grouping_rows(con)
+    lines += _table(grouping, list(grouping[0])) if grouping else ["no steps yet"]
 
     lines += ["", "## Learner", ""]
     learner = query_rows(

@@ -508,3 +508,68 @@ def test_state_pools_view_shows_the_mode_and_which_states_were_merged(tmp_path):
     assert any(r["pool_states"] > 1 for r in merged)
     assert all(r["pool_id"] == canonical_keys(pl.Series([r["state_key"]]))[0] for r in merged)
     assert all(r["pool_visits"] >= r["visits"] for r in merged)
+
+
+def test_report_shows_singleton_share_and_pool_sizes_per_mode():
+    """gagpo report's State grouping table: one grouping pass per mode over the steps."""
+    import duckdb
+
+    from gagpo.pipeline.report_summary import grouping_rows
+
+    steps = pl.DataFrame(
+        {
+            "group_id": ["g"] * 4 + ["h"] * 2,
+            "step": [0, 1, 0, 1, 0, 1],
+            "state_key": ["Turn 0 hall", "Turn 1 attic", "Turn 0 hall", "Turn 2 attic",
+                          "Turn 0 hall", "Turn 1 attic"],
+        }
+    )  # fmt: skip
+    con = duckdb.connect()
+    con.register("steps_df", steps.to_arrow())
+    con.execute("CREATE TABLE steps AS SELECT * FROM steps_df")
+    con.execute('CREATE TABLE estimators AS SELECT \'{"state_grouping": "minhash:0.6"}\' AS params')
+    rows = {r["state_grouping"]: r for r in grouping_rows(con)}
+    assert list(rows) == ["exact", "normalized", "minhash:0.8", "similar:0.9", "minhash:0.6"]
+    exact, normalized = rows["exact"], rows["normalized"]
+    # exact: g has {hall ×2}, {attic 1}, {attic 2}; h has {hall}, {attic 1}: 4 singletons of 6
+    assert exact["pools"] == 5 and exact["singleton_share"] == pytest.approx(4 / 6)
+    assert exact["singleton_share_after_turn_0"] == pytest.approx(1.0)
+    assert exact["pool_1"] == pytest.approx(4 / 6) and exact["pool_2-3"] == pytest.approx(2 / 6)
+    # normalized: the turn counters go, g pools 2 + 2, h's two steps stay apart (two states)
+    assert normalized["pools"] == 4 and normalized["singleton_share"] == pytest.approx(2 / 6)
+    assert normalized["pool_2-3"] == pytest.approx(4 / 6) and normalized["pool_8+"] == 0.0
+
+
+def test_fast_canonical_keys_equal_the_regex_rule():
+    """normalized's byte path equals canonical_keys (the Polars regexes) string for string,
+    ASCII whitespace and digits of every kind, non-ASCII keys, nulls and a sliced series."""
+    from gagpo.pipeline.grouping import canonical_keys_fast
+
+    rng = random.Random(3)
+    alphabet = "aB9 \t\n\x0b\x0c\r\x1c07Zz#é١\u00a0\u2003x"
+    for _ in range(200):
+        keys = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+                for _ in range(rng.randrange(30))]  # fmt: skip
+        series = pl.Series([None if rng.random() < 0.1 else k for k in keys], dtype=pl.String)
+        if series.len() > 2:
+            series = series.slice(1, series.len() - 2)
+        assert canonical_keys_fast(series).to_list() == canonical_keys(series).to_list()
+
+
+def test_minhash_blocks_of_groups_give_the_single_pass_result(monkeypatch):
+    """minhash works over blocks of whole groups; tiny blocks change nothing."""
+    import gagpo.pipeline.grouping as grouping
+    from gagpo.pipeline.grouping import group_states
+
+    rng = random.Random(5)
+    words = ["red", "blue", "box", "door", "key", "turn", "open", "shut"]
+    gid = np.array(sorted(rng.randrange(40) for _ in range(600)))
+    keys = pl.Series([" ".join(rng.choice(words) for _ in range(6)) for _ in range(600)])
+    q_gid = np.array([rng.randrange(40) for _ in range(50)])
+    queries = pl.Series([" ".join(rng.choice(words) for _ in range(6)) for _ in range(50)])
+    mode = parse_grouping("minhash:0.5")
+    whole = group_states(mode, gid, keys, q_gid, queries)
+    monkeypatch.setattr(grouping, "_BLOCK_KEYS", 7)
+    blocks = group_states(mode, gid, keys, q_gid, queries)
+    assert (blocks.pool == whole.pool).all() and (blocks.query_pool == whole.query_pool).all()
+    assert blocks.label().to_list() == whole.label().to_list()
