@@ -13,8 +13,9 @@ exact
 normalized[:module:function]
     equal canonical keys. The built-in canonical key lowercases the key, turns every run
     of digits into `#` (counters, step numbers, prices) and every run of whitespace into
-    one space, and strips the ends; all Polars string kernels. `normalized:pkg.mod:fn`
-    uses `fn(str) -> str` instead, called once per distinct key (user Python).
+    one space, and strips the ends (`canonical_keys`, Polars regexes; run as byte work on
+    one key per exact pool, `canonical_keys_fast`, equal string for string). `normalized:
+    pkg.mod:fn` uses `fn(str) -> str` instead, called once per distinct key (user Python).
 similar:τ
     verl-agent's similarity grouping for GiGPO (gigpo/core_gigpo.py, `build_step_group`
     with `enable_similarity`): within one group, rows are taken in input row order, and
@@ -33,8 +34,10 @@ minhash:τ
     their one-permutation MinHash sketches (64 bins over byte 4-gram shingles) share an
     LSH band bucket, one of them is that bucket's least key (string order: a star per
     bucket, not all pairs, which would be quadratic in a bucket of near-duplicates), and
-    they estimate a Jaccard similarity ≥ τ; pools are the connected components of the links. Nothing depends on row order (the sketches and links depend only on
-    the strings and their groups), so a shuffled batch gets the same pools.
+    they estimate a Jaccard similarity ≥ τ; pools are the connected components of the
+    links. Nothing depends on row order (the sketches and links depend only on the strings
+    and their groups), so a shuffled batch gets the same pools. It runs on one key per
+    exact pool, over blocks of whole groups (arrays that stay in cache).
 
 A truncated end's `next_state_key` is mapped through the same grouping: its exact pool when
 the group visited that key; otherwise, for `normalized` the pool of its canonical key, for
