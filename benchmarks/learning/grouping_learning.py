@@ -10,7 +10,7 @@ never repeat across a group's rollouts, so exact pools are mostly single steps a
 value proxy is each step's own return. It is not a built-in, so this script registers it as
 the entry point `rooms` with a dist-info folder on PYTHONPATH (nothing is installed).
 
-Each cell (mode × seed) is one `gagpo run --recipe workflows/recipes/rooms.toml` into its own
+Each cell (mode × seed) is one `gagpo run --recipe benchmarks/learning/rooms.toml` into its own
 store under OUT/<mode>/seed<k>/: the same warm start (cached after the first cell), the same
 budget and hyper-parameters, only `learner.estimator.state_grouping` differs. A finished
 cell leaves `result.json` and is skipped when run again. The result is the held-out success
@@ -33,7 +33,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-RECIPE = ROOT / "workflows" / "recipes" / "rooms.toml"
+RECIPE = HERE / "rooms.toml"  # not shipped: `rooms` is registered by this script only
 SEED_STRIDE = 7919  # as run_learning.py: seed k plays tasks from k·stride
 ENTRY_POINTS = "[gagpo.envs]\nrooms = bench_grouping:Rooms\n"
 
