@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from difflib import SequenceMatcher
@@ -74,7 +75,11 @@ SHINGLE = 4
 BINS = 64
 RECALL_AT_TAU = 0.999
 _EMPTY = np.uint32(0xFFFFFFFF)  # an empty sketch bin
-_MIX_SEED = np.uint64(0x9E3779B97F4A7C15)
+_SHINGLE_A = np.uint64(0x9E3779B97F4A7C15)  # odd: the multiply-shift of the shingles
+_BIN_SHIFT = np.uint32(32 - (BINS - 1).bit_length())  # a hash's top bits: its bin
+_HIGH = int(sys.byteorder == "little")  # the high uint32 of a uint64, in a uint32 view
+_SALT = np.uint64(0xD1B54A32D192ED03)
+_BUCKET_A = np.uint64(0xBF58476D1CE4E5B9)
 _CHUNK_BYTES = 1 << 18  # shingles hashed per pass: arrays that stay in cache
 _BLOCK_KEYS = 2048  # minhash works over blocks of whole groups of about this many keys
 
@@ -382,13 +387,17 @@ def _first_fit(text: str, reps: list[tuple[int, SequenceMatcher]], tau: float) -
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijective 64-bit mix (wrapping uint64 arithmetic)."""
+    """splitmix64's finaliser: a bijective 64-bit mix (wrapping uint64 arithmetic). Only
+    for salts (one per group or band), not per shingle."""
     x = x ^ (x >> np.uint64(30))
     x *= np.uint64(0xBF58476D1CE4E5B9)
     x ^= x >> np.uint64(27)
     x *= np.uint64(0x94D049BB133111EB)
     x ^= x >> np.uint64(31)
     return x
+
+
+_BAND_SALT = _mix(np.arange(BINS, dtype=np.uint64) ^ np.uint64(0x8CB92BA72F3D8DD7))
 
 
 def _spans(start: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -413,46 +422,60 @@ def _utf8(keys: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return data, offsets
 
 
+def _shingle_hash(x: np.ndarray) -> np.ndarray:
+    """Multiply-shift (Dietzfelbinger et al.): the high 32 bits of x·A mod 2^64 for an
+    odd A, universal in its top bits (which pick the bin); x (uint64) is overwritten.
+    Bit 0 is cleared, so no hash is _EMPTY. One multiply per shingle: the sketches'
+    cost is in how many shingles there are, so the hash is the cheapest good one."""
+    x *= _SHINGLE_A
+    high = x.view(np.uint32)[_HIGH::2]
+    high &= np.uint32(0xFFFFFFFE)
+    return high
+
+
 def sketches(keys: pl.Series) -> np.ndarray:
-    """[keys, BINS] uint32 one-permutation MinHash sketches: the shingles (every 4 bytes
-    of the key's UTF-8; a key shorter than that is one shingle) are mixed, the top 6
-    bits of the hash pick a bin and the bin keeps the least of the next 32 bits
-    (_EMPTY where no shingle fell). Vectorised, in chunks of keys to bound memory."""
+    """[keys, BINS] uint32 one-permutation MinHash sketches: every 4 bytes of the key's
+    UTF-8, read as a little-endian uint32 (a key shorter than that is one shingle: its
+    bytes and its length), are hashed by multiply-shift; the top 6 bits of the hash
+    pick a bin and the bin keeps the least hash (_EMPTY where no shingle fell)."""
     return _sketch_bytes(*_utf8(keys))
 
 
 def _sketch_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """`sketches` of the keys whose UTF-8 bytes are data[offsets[i]:offsets[i + 1]]."""
+    """`sketches` of the keys whose UTF-8 bytes are data[offsets[i]:offsets[i + 1]].
+
+    The window at every byte is hashed (a strided uint32 view of the bytes) and scattered
+    with one `np.minimum.at` into a flat (keys + 1) × BINS array: the 3 windows that run
+    past each key's end go to the extra row, which is dropped. In chunks of whole keys of
+    about _CHUNK_BYTES, so the arrays stay in cache."""
     data, offsets = data[offsets[0] : offsets[-1]], offsets - offsets[0]
-    m = int(offsets[-1]) if offsets.size else 0
-    d = np.zeros(m + SHINGLE + 1, np.uint64)
-    d[: data[:m].shape[0]] = data[:m]
-    packed = np.zeros(m + 1, np.uint64)  # the 4 bytes starting at every byte
-    for j in range(SHINGLE):
-        packed |= d[j : j + m + 1] << np.uint64(8 * j)
+    n, m = offsets.shape[0] - 1, int(offsets[-1])
+    padded = np.zeros(m + SHINGLE, np.uint8)
+    padded[:m] = data[:m]
+    window = np.ndarray((m + 1,), "<u4", padded, 0, (1,))  # the 4 bytes from each byte on
     lengths = np.diff(offsets)
-    counts = np.maximum(lengths - (SHINGLE - 1), 1)
-    ends = np.cumsum(counts)
-    out = np.full((lengths.shape[0], BINS), _EMPTY, np.uint32)
+    whole = lengths >= SHINGLE
+    kept = np.where(whole, lengths - (SHINGLE - 1), 0)  # windows inside the key
+    runs = np.stack((kept, lengths - kept), axis=1).reshape(-1)
+    out = np.full((n + 1, BINS), _EMPTY, np.uint32)
     flat = out.reshape(-1)
     start = 0
-    while start < lengths.shape[0]:
-        base = int(ends[start - 1]) if start else 0
-        stop = max(int(np.searchsorted(ends, base + _CHUNK_BYTES, "right")), start + 1)
-        owner = np.repeat(np.arange(start, stop), counts[start:stop])
-        shingle = packed[_spans(offsets[start:stop], counts[start:stop])]
-        length = lengths[owner]
-        short = length < SHINGLE  # only the key's own bytes, and its length
-        if short.any():
-            n = length[short].astype(np.uint64)
-            keep = (np.uint64(1) << (np.uint64(8) * n)) - np.uint64(1)
-            shingle[short] = (shingle[short] & keep) | ((n + np.uint64(1)) << np.uint64(32))
-        h = _mix(shingle ^ _MIX_SEED)
-        bins = (h >> np.uint64(58)).astype(np.intp)
-        value = (h & np.uint64(0xFFFFFFFE)).astype(np.uint32)  # never _EMPTY
-        np.minimum.at(flat, owner * BINS + bins, value)
+    while start < n:
+        stop = int(np.searchsorted(offsets, offsets[start] + _CHUNK_BYTES, "right")) - 1
+        stop = min(max(stop, start + 1), n)
+        rows = np.stack((np.arange(start, stop) * BINS, np.full(stop - start, n * BINS)), 1)
+        index = np.repeat(rows.reshape(-1), runs[2 * start : 2 * stop])  # [windows]
+        h = _shingle_hash(window[offsets[start] : offsets[stop]].astype(np.uint64))
+        index += h >> _BIN_SHIFT
+        np.minimum.at(flat, index, h)
         start = stop
-    return out
+    short = np.flatnonzero(~whole)
+    if short.size:  # one shingle each: the key's bytes, and its length above them
+        length = lengths[short].astype(np.uint64)
+        x = window[offsets[short]] & ((np.uint64(1) << (np.uint64(8) * length)) - np.uint64(1))
+        h = _shingle_hash(x | ((length + np.uint64(1)) << np.uint64(32)))
+        flat[short * BINS + (h >> _BIN_SHIFT)] = h
+    return out[:n]
 
 
 def band_rows(tau: float) -> int:
@@ -472,38 +495,83 @@ def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return both / np.maximum(either, 1)
 
 
-def _buckets(sketch: np.ndarray, gid: np.ndarray, rows: int) -> np.ndarray:
-    """[keys, bands] uint64 LSH bucket of each band, salted by group and band; 0 for a
-    band whose bins are all empty (never a candidate)."""
-    bands = sketch.reshape(sketch.shape[0], BINS // rows, rows).astype(np.uint64)
-    h = _mix(
-        gid.astype(np.uint64)[:, None]
-        ^ _mix(np.arange(bands.shape[1], dtype=np.uint64) + _MIX_SEED)[None, :]
-    )
-    for j in range(rows):
-        h = _mix(h ^ bands[:, :, j])
-    h[h == 0] = 1
-    h[(bands == np.uint64(_EMPTY)).all(axis=2)] = 0
-    return h
+def _summary(sketch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What verification reads of a sketch: the sketch, its non-empty bins as the bits of
+    one uint64, and one byte of every bin's hash (bits 8–15: a quarter of the memory)."""
+    bits = np.packbits(sketch != _EMPTY, axis=1, bitorder="little")
+    filled = np.ascontiguousarray(bits).view(np.uint64)[:, 0]
+    return sketch, filled, (sketch >> np.uint32(8)).astype(np.uint8)
 
 
-def _bucket_pairs(bucket: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate links: each key with the least-ranked key of every (non-zero) bucket it
-    shares, once. A star per bucket, not every pair: near-identical keys fill one bucket,
-    and all pairs would be quadratic in it; the least key is fixed by string order, so
-    the candidates do not depend on row order."""
-    n, bands = bucket.shape
-    flat = bucket.reshape(-1)
-    item = np.repeat(np.arange(n, dtype=np.int64), bands)
-    keep = flat != 0
-    flat, item = flat[keep], item[keep]
-    order = np.lexsort((rank[item], flat))
-    flat, item = flat[order], item[order]
-    head = np.concatenate(([True], flat[1:] != flat[:-1]))
-    first = item[np.flatnonzero(head)][np.cumsum(head) - 1]  # the bucket's least key
-    a, b = first[~head], item[~head]
-    code = np.unique(np.minimum(a, b) * n + np.maximum(a, b))
-    return code // n, code % n
+def _equal_bins(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row, how many of the BINS columns of a and b are equal (bools counted 8 at a
+    time: a bool row viewed as uint64s, then a byte sum)."""
+    equal = (a == b).view(np.uint64)  # [pairs, BINS / 8], bytes 0 or 1
+    total = np.add.reduce(equal, axis=1) * np.uint64(0x0101010101010101) >> np.uint64(56)
+    return total.astype(np.int64)
+
+
+def _verify(left: tuple, right: tuple, a: np.ndarray, b: np.ndarray, tau: float):
+    """The pairs (left key a[i], right key b[i]) whose similarity(...) >= τ, as indices
+    into a and b, with their similarities. Bins equal in both hashes have equal bytes,
+    so equal bytes bound the equal bins from above: pairs the bound already puts below τ
+    skip the full comparison, which changes no decision."""
+    either = np.bitwise_count(left[1][a] | right[1][b]).astype(np.int64)
+    either = np.maximum(either, 1)
+    empty = BINS - either  # bins empty in both: equal in every comparison
+    bound = _equal_bins(left[2][a], right[2][b]) - empty
+    maybe = np.flatnonzero(bound / either >= tau)
+    a, b, either, empty = a[maybe], b[maybe], either[maybe], empty[maybe]
+    score = (_equal_bins(left[0][a], right[0][b]) - empty) / either
+    ok = score >= tau
+    return maybe[ok], score[ok]
+
+
+def _bucket_codes(
+    sketch: tuple[np.ndarray, np.ndarray, np.ndarray], gid: np.ndarray, rows: int, bits: int
+) -> np.ndarray:
+    """One uint64 per (key, band) whose bins are not all empty (those are never a
+    candidate), for a `_summary`: the band's LSH bucket in the high 64 − `bits` bits (a
+    hash of the band's bins salted by group and band index, so buckets never cross
+    either) over the key's index in the low `bits`. Sorted, these codes list each
+    bucket's keys, least index first."""
+    bins, filled = sketch[0], sketch[1]
+    n, bands = bins.shape[0], BINS // rows
+    if rows == 1:
+        words = bins.astype(np.uint64)[:, :, None]
+    else:  # two bins per uint64
+        words = bins.view(np.uint64).reshape(n, bands, rows // 2)
+    h = _mix(gid.astype(np.uint64) + _SALT)[:, None] ^ _BAND_SALT[None, :bands]
+    for j in range(words.shape[2]):  # multiply-xorshift: a bijection of each word in turn
+        h ^= words[:, :, j]
+        h *= _BUCKET_A
+        h ^= h >> np.uint64(29)
+    h >>= np.uint64(bits)
+    h <<= np.uint64(bits)
+    h |= np.arange(n, dtype=np.uint64)[:, None]
+    shift = np.arange(0, BINS, rows, dtype=np.uint64)
+    band_filled = (filled[:, None] >> shift) & np.uint64((1 << rows) - 1)  # [keys, bands]
+    return h[band_filled != 0]
+
+
+def _starts(values: np.ndarray) -> np.ndarray:
+    """Where each run of equal values in a sorted array starts."""
+    start = np.ones(values.shape[0], bool)
+    np.not_equal(values[1:], values[:-1], out=start[1:])
+    return start
+
+
+def _star_links(codes: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate links from sorted bucket codes: every key with the least key of each
+    bucket it shares, once; sorted by key, then bucket head. A star per bucket, not
+    every pair: near-identical keys fill one bucket, and all pairs would be quadratic."""
+    low = np.uint64((1 << bits) - 1)
+    bucket, item = codes >> np.uint64(bits), (codes & low).astype(np.int64)
+    head = _starts(bucket)
+    first = item[head][np.cumsum(head) - 1]  # each entry's bucket head
+    link = np.sort((item[~head] << bits) | first[~head])
+    link = link[_starts(link)]
+    return link >> bits, link & ((1 << bits) - 1)
 
 
 def components(a: np.ndarray, b: np.ndarray, rank: np.ndarray) -> np.ndarray:
@@ -537,15 +605,19 @@ def _minhash(
     """Each exact pool's component of LSH links (labelled by the pool of its smallest
     key), and the component of each query's most similar linked key (NO_POOL if none).
 
-    Pools never cross groups, so the work runs over blocks of whole groups of about
-    _BLOCK_KEYS keys: every array of a block stays in cache, and the result is the one a
-    single pass would give (buckets, links and ranks are all within a group)."""
+    The keys are put in (group, string) order once; pools never cross groups, so the
+    work runs over blocks of whole groups of about _BLOCK_KEYS keys: every array of a
+    block stays in cache, and the result is the one a single pass would give (buckets,
+    links and order are all within a group)."""
     n = key.len()
-    by_string = (key.rank("dense") - 1).cast(pl.Int64).to_numpy()  # equal only across groups
-    rank = np.empty(n, np.int64)
-    rank[np.lexsort((key_gid, by_string))] = np.arange(n)
+    order = (
+        pl.DataFrame({"g": key_gid, "k": key})
+        .select(pl.arg_sort_by("g", "k"))
+        .to_series()
+        .to_numpy()
+        .astype(np.int64)
+    )
     rows = band_rows(tau)
-    order = np.argsort(key_gid, kind="stable")
     q_order = np.argsort(query_gid, kind="stable")
     gids, q_gids = key_gid[order], query_gid[q_order]
     merged = np.arange(n, dtype=np.int64)
@@ -559,8 +631,8 @@ def _minhash(
         q_lo, q_hi = np.searchsorted(q_gids, [gids[lo], gids[hi - 1] + 1])
         q_idx = q_order[q_lo:q_hi]
         block, q_found = _minhash_block(
-            (text[0], text[1][lo : hi + 1]), key_gid[idx], rank[idx], tau, rows,
-            (q_text[0], q_text[1][q_lo : q_hi + 1]), query_gid[q_idx],
+            (text[0], text[1][lo : hi + 1]), gids[lo:hi], tau, rows,
+            (q_text[0], q_text[1][q_lo : q_hi + 1]), q_gids[q_lo:q_hi],
         )  # fmt: skip
         merged[idx] = idx[block]
         found[q_idx] = np.where(q_found == NO_POOL, NO_POOL, idx[np.maximum(q_found, 0)])
@@ -570,45 +642,61 @@ def _minhash(
 def _minhash_block(
     key: tuple[np.ndarray, np.ndarray],
     key_gid: np.ndarray,
-    rank: np.ndarray,
     tau: float,
     rows: int,
     query_key: tuple[np.ndarray, np.ndarray],
     query_gid: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """_minhash on whole groups (keys and queries as UTF-8 bytes and offsets), in local
-    indices: each key's component label (its least ranked key) and each query's best
-    linked key's label (NO_POOL if none)."""
+    """_minhash on whole groups whose keys (UTF-8 bytes and offsets) come in (group,
+    string) order, in local indices: each key's component label (its first key in that
+    order) and each query's best linked key's label (NO_POOL if none).
+
+    Links are verified in two rounds with the same components: first each key's link to
+    its least bucket head, then only the candidates whose ends those links left in
+    different components (a link inside a component changes no component)."""
     n = key_gid.shape[0]
-    local = np.empty(n, np.int64)  # ranks 0..n−1 in the same order
-    local[np.argsort(rank)] = np.arange(n)
+    bits = max(n - 1, query_gid.shape[0] - 1, 1).bit_length()  # an index in a code
     sketch = _sketch_bytes(*key)
-    bucket = _buckets(sketch, key_gid, rows)
-    a, b = _bucket_pairs(bucket, local)
-    linked = (key_gid[a] == key_gid[b]) & (similarity(sketch[a], sketch[b]) >= tau)
-    merged = components(a[linked], b[linked], local)
+    keys = _summary(sketch)
+    codes = np.sort(_bucket_codes(keys, key_gid, rows, bits))
+    member, head = _star_links(codes, bits)
+
+    def verified(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ok = _verify(keys, keys, a, b, tau)[0]
+        ok = ok[key_gid[a[ok]] == key_gid[b[ok]]]
+        return a[ok], b[ok]
+
+    order = np.arange(n)
+    least = _starts(member)  # each key's least head
+    a, b = verified(head[least], member[least])
+    merged = components(a, b, order)
+    rest = ~least & (merged[head] != merged[member])
+    if rest.any():
+        more_a, more_b = verified(head[rest], member[rest])
+        if more_a.size:
+            a, b = np.concatenate((a, more_a)), np.concatenate((b, more_b))
+            merged = components(a, b, order)
     found = np.full(query_gid.shape[0], NO_POOL, np.int64)
     if not query_gid.size:
         return merged, found
-    # Queries: the keys sharing a bucket with them, once each, verified like a link.
-    q_sketch = _sketch_bytes(*query_key)
-    q_bucket = _buckets(q_sketch, query_gid, rows).reshape(-1)
-    k_bucket = bucket.reshape(-1)
-    by_bucket = np.argsort(k_bucket, kind="stable")
-    k_bucket = k_bucket[by_bucket]
-    k_item = by_bucket // bucket.shape[1]
-    lo = np.searchsorted(k_bucket, q_bucket, "left")
-    count = np.where(q_bucket == 0, 0, np.searchsorted(k_bucket, q_bucket, "right") - lo)
-    qi = np.repeat(np.arange(q_bucket.shape[0]) // bucket.shape[1], count)
-    ki = k_item[_spans(lo, count)]
-    pair = np.unique(qi * n + ki)
-    qi, ki = pair // n, pair % n
-    score = similarity(q_sketch[qi], sketch[ki])
-    ok = (key_gid[ki] == query_gid[qi]) & (score >= tau)
-    qi, ki, score = qi[ok], ki[ok], score[ok]
+    # Queries: linked like one more key of the group (to the head of every bucket they
+    # fall in, verified against τ), without joining it; the best link gives the pool.
+    queries = _summary(_sketch_bytes(*query_key))
+    q_codes = _bucket_codes(queries, query_gid, rows, bits)
+    low = np.uint64((1 << bits) - 1)
+    bucket, q_bucket = codes >> np.uint64(bits), q_codes >> np.uint64(bits)
+    at = np.minimum(np.searchsorted(bucket, q_bucket), bucket.shape[0] - 1)
+    hit = bucket[at] == q_bucket  # a bucket's first code is its head
+    link = np.sort(((q_codes[hit] & low) << np.uint64(bits)) | (codes[at[hit]] & low))
+    link = link[_starts(link)].astype(np.int64)
+    qi, ki = link >> bits, link & ((1 << bits) - 1)
+    ok, score = _verify(queries, keys, qi, ki, tau)
+    qi, ki = qi[ok], ki[ok]
+    same = key_gid[ki] == query_gid[qi]
+    qi, ki, score = qi[same], ki[same], score[same]
     if qi.size:  # the best: highest score, then the component with the smallest key
-        order = np.lexsort((local[merged[ki]], -score, qi))
-        qi, ki = qi[order], ki[order]
-        head = np.concatenate(([True], qi[1:] != qi[:-1]))
-        found[qi[head]] = merged[ki[head]]
+        best = np.lexsort((merged[ki], -score, qi))
+        qi, ki = qi[best], ki[best]
+        first = _starts(qi)
+        found[qi[first]] = merged[ki[first]]
     return merged, found
