@@ -81,7 +81,7 @@ _HIGH = int(sys.byteorder == "little")  # the high uint32 of a uint64, in a uint
 _SALT = np.uint64(0xD1B54A32D192ED03)
 _BUCKET_A = np.uint64(0xBF58476D1CE4E5B9)
 _CHUNK_BYTES = 1 << 18  # shingles hashed per pass: arrays that stay in cache
-_BLOCK_KEYS = 2048  # minhash works over blocks of whole groups of about this many keys
+_BLOCK_KEYS = 4096  # minhash works over blocks of whole groups of about this many keys
 
 
 # --- the setting ---------------------------------------------------------------------
@@ -464,6 +464,7 @@ def _sketch_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         stop = int(np.searchsorted(offsets, offsets[start] + _CHUNK_BYTES, "right")) - 1
         stop = min(max(stop, start + 1), n)
         rows = np.stack((np.arange(start, stop) * BINS, np.full(stop - start, n * BINS)), 1)
+        rows = rows.astype(np.uint32 if (n + 1) * BINS < 2**32 else np.int64)  # less to move
         index = np.repeat(rows.reshape(-1), runs[2 * start : 2 * stop])  # [windows]
         h = _shingle_hash(window[offsets[start] : offsets[stop]].astype(np.uint64))
         index += h >> _BIN_SHIFT
@@ -566,12 +567,16 @@ def _star_links(codes: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     bucket it shares, once; sorted by key, then bucket head. A star per bucket, not
     every pair: near-identical keys fill one bucket, and all pairs would be quadratic."""
     low = np.uint64((1 << bits) - 1)
-    bucket, item = codes >> np.uint64(bits), (codes & low).astype(np.int64)
-    head = _starts(bucket)
-    first = item[head][np.cumsum(head) - 1]  # each entry's bucket head
-    link = np.sort((item[~head] << bits) | first[~head])
-    link = link[_starts(link)]
-    return link >> bits, link & ((1 << bits) - 1)
+    head = np.flatnonzero(_starts(codes >> np.uint64(bits)))
+    first = np.repeat(codes[head] & low, np.diff(head, append=codes.shape[0]))
+    link = codes & low  # each entry's key, over its bucket's head: (key, head) in one code
+    link <<= np.uint64(bits)
+    link |= first
+    link = np.sort(link)
+    link = link[_starts(link)].astype(np.int64)
+    key, least = link >> bits, link & ((1 << bits) - 1)
+    other = key != least  # a bucket's head is not its own candidate
+    return key[other], least[other]
 
 
 def components(a: np.ndarray, b: np.ndarray, rank: np.ndarray) -> np.ndarray:

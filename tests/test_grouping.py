@@ -573,3 +573,25 @@ def test_minhash_blocks_of_groups_give_the_single_pass_result(monkeypatch):
     blocks = group_states(mode, gid, keys, q_gid, queries)
     assert (blocks.pool == whole.pool).all() and (blocks.query_pool == whole.query_pool).all()
     assert blocks.label().to_list() == whole.label().to_list()
+
+
+def test_minhash_fast_paths_equal_their_reference(monkeypatch):
+    """The verification's equal-byte bound and bit counts decide as `similarity` does, and
+    sketches hashed in small chunks of keys equal one pass (short and empty keys too)."""
+    import gagpo.pipeline.grouping as grouping
+
+    rng = random.Random(9)
+    words = ["red", "blue", "box", "door", "key", "a", "", "turn 12", "é"]
+    keys = pl.Series([" ".join(rng.choice(words) for _ in range(rng.randrange(0, 12)))
+                      for _ in range(300)])  # fmt: skip
+    whole = sketches(keys)
+    monkeypatch.setattr(grouping, "_CHUNK_BYTES", 16)
+    assert (sketches(keys) == whole).all()
+    summary = grouping._summary(whole)
+    a = np.array([rng.randrange(300) for _ in range(3000)])
+    b = np.array([rng.randrange(300) for _ in range(3000)])
+    reference = similarity(whole[a], whole[b])
+    for tau in (0.3, 0.6, 0.8, 1.0):
+        ok, score = grouping._verify(summary, summary, a, b, tau)
+        assert ok.tolist() == np.flatnonzero(reference >= tau).tolist()
+        np.testing.assert_array_equal(score, reference[ok])
