@@ -31,19 +31,24 @@ similar:τ
     per group; see benchmarks/RESULTS.md for what it costs.
 minhash:τ
     ours, order-independent and vectorised: two distinct keys of a group are linked when
-    their one-permutation MinHash sketches (64 bins over byte 4-gram shingles) share an
-    LSH band bucket, one of them is that bucket's least key (string order: a star per
-    bucket, not all pairs, which would be quadratic in a bucket of near-duplicates), and
-    they estimate a Jaccard similarity ≥ τ; pools are the connected components of the
-    links. Nothing depends on row order (the sketches and links depend only on the strings
-    and their groups), so a shuffled batch gets the same pools. It runs on one key per
-    exact pool, over blocks of whole groups (arrays that stay in cache).
+    their one-permutation MinHash sketches (64 bins over byte 4-gram shingles: each
+    4-gram read as a little-endian uint32 and hashed by one 64-bit multiply-shift, the
+    top 6 bits of the hash its bin, the bin keeping the least hash) share an LSH band
+    bucket, one of them is that bucket's least key (string order: a star per bucket, not
+    all pairs, which would be quadratic in a bucket of near-duplicates), and they
+    estimate a Jaccard similarity ≥ τ; pools are the connected components of the links.
+    Nothing depends on row order (the sketches and links depend only on the strings and
+    their groups), so a shuffled batch gets the same pools. It runs on one key per exact
+    pool, over blocks of whole groups of about 4096 keys (arrays that stay in cache),
+    and verifies each key's link to its least bucket head first, then only the
+    candidates whose ends are still in different components (the same components).
 
 A truncated end's `next_state_key` is mapped through the same grouping: its exact pool when
 the group visited that key; otherwise, for `normalized` the pool of its canonical key, for
-`similar` the first cluster whose representative it matches, for `minhash` the pool of
-the linked key with the highest estimated similarity (ties: the smallest key); NO_POOL
-when nothing matches. Each pool is labelled (`Pools.label`, the SQL views' `pool_id`) by a
+`similar` the first cluster whose representative it matches, for `minhash` the pool it
+would link to as one more key of its group (the most similar verified head of the
+buckets it falls in; ties: the component with the smallest key); NO_POOL when nothing
+matches. Each pool is labelled (`Pools.label`, the SQL views' `pool_id`) by a
 key: the state key (exact), the canonical key (normalized), the cluster's first member
 (similar), the component's smallest key (minhash).
 """
