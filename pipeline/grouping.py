@@ -405,14 +405,6 @@ def _mix(x: np.ndarray) -> np.ndarray:
 _BAND_SALT = _mix(np.arange(BINS, dtype=np.uint64) ^ np.uint64(0x8CB92BA72F3D8DD7))
 
 
-def _spans(start: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """start[i], start[i]+1, …, start[i]+count[i]−1 for every i, concatenated."""
-    within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(
-        np.cumsum(count) - count, count
-    )
-    return np.repeat(start, count) + within
-
-
 def _utf8(keys: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """The keys' UTF-8 bytes back to back, and their n + 1 offsets."""
     import pyarrow as pa
