@@ -3,6 +3,7 @@ optimiser's lr following it step by step."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -58,7 +59,7 @@ def test_optimiser_follows_the_schedule_over_updates_times_mini_batches():
         scheduler.step()
     assert seen[0] == pytest.approx(1e-3)
     assert seen[-1] == pytest.approx(2e-4)
-    assert all(a > b for a, b in zip(seen, seen[1:], strict=False))
+    assert all(a > b for a, b in itertools.pairwise(seen))
     # a restored scheduler continues where it stopped (checkpoints save its state_dict)
     _, again = make_optimizer(model, cfg)
     again.load_state_dict(scheduler.state_dict())
