@@ -63,7 +63,13 @@ def summary(runs: list[Run], figures: list[Path], notes: list[str]) -> str:
 # map, so it is skipped above SIMILAR_MAX_STEPS.
 GROUPING_MODES = ("exact", "normalized", "minhash:0.8", "similar:0.9")
 SIMILAR_MAX_STEPS = 200_000
-POOL_SIZE_BINS = ((1, 1), (2, 3), (4, 7), (8, None))  # shares of steps by their pool's size
+# shares of steps by their pool's size: (column, smallest size, largest size)
+POOL_SIZE_BINS = (
+    ("pool_1", 1, 1),
+    ("pool_2-3", 2, 3),
+    ("pool_4-7", 4, 7),
+    ("pool_8+", 8, math.inf),
+)
 
 
 def grouping_rows(con, extra: tuple[str, ...] = ()) -> list[dict]:
@@ -100,14 +106,8 @@ def grouping_rows(con, extra: tuple[str, ...] = ()) -> list[dict]:
         row = {"state_grouping": grouping.spec, "steps": steps.height,
                "pools": int(pools.pool.max()) + 1, "singleton_share": float((size == 1).mean()),
                "singleton_share_after_turn_0": float((size[later] == 1).mean()) if later.any() else None}  # fmt: skip
-        for low, high in POOL_SIZE_BINS:
-            name = (
-                f"pool_{low}+"
-                if high is None
-                else (f"pool_{low}" if low == high else f"pool_{low}-{high}")
-            )
-            inside = (size >= low) & (size <= (high or size.max()))
-            row[name] = float(inside.mean())
+        for name, low, high in POOL_SIZE_BINS:
+            row[name] = float(((size >= low) & (size <= high)).mean())
         rows.append(row)
     return rows
 

@@ -47,6 +47,12 @@ class Process:
     ranks: int = 1  # learner processes (torchrun's --nproc-per-node)
     rank_command: list[str] = field(default_factory=list)  # what each rank runs, under torchrun
 
+    @property
+    def per_rank(self) -> list[str]:
+        """The command line one rank runs (Ray starts it per rank): the command itself
+        when there is no torchrun around it."""
+        return self.rank_command or self.command
+
     def describe(self) -> str:
         assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"[{self.label}] {assigned} {shlex.join(self.command)}".replace("]  ", "] ")

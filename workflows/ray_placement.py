@@ -206,7 +206,7 @@ def describe(plan: Plan, placement: Placement, resources: str) -> str:
         )
     else:
         lines.append("  rendezvous: none (one rank); the learner runs:")
-    lines.append(f"    {' '.join(plan.learner.rank_command or plan.learner.command)}")
+    lines.append(f"    {' '.join(plan.learner.per_rank)}")
     lines.append("  actors run the commands of the plain plan (gagpo run --dry-run without --ray); "
                  "Ray sets each process's CUDA_VISIBLE_DEVICES")  # fmt: skip
     return "\n".join(lines)

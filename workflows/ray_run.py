@@ -309,8 +309,12 @@ def _resources(address: str | None, config, plan: Plan):
             import ray
 
             total, nodes = cluster_resources(ray)
-    gpus = [n.get("GPU", 0.0) for n in nodes]
-    return place(plan, config.learner_nodes, gpus), total, nodes
+    return _place_on(plan, config, nodes), total, nodes
+
+
+def _place_on(plan: Plan, config, nodes: list[dict]) -> Placement:
+    """The placement of `plan` on nodes with these resources (each node's GPUs)."""
+    return place(plan, config.learner_nodes, [n.get("GPU", 0.0) for n in nodes])
 
 
 def placement_cpus(placement: Placement) -> float:
@@ -356,7 +360,7 @@ def run_on_ray(plan: Plan, config, echo, *, address: str | None, store: str, run
 
         check_store_shared(ray, store)
         total, nodes = cluster_resources(ray)
-        placement = place(plan, config.learner_nodes, [n.get("GPU", 0.0) for n in nodes])
+        placement = _place_on(plan, config, nodes)
         check_cluster(placement, total, nodes)
         return _run_placed(ray, plan, placement, config, echo, store, run_id)
 
@@ -443,7 +447,7 @@ class _Learner:
     def __init__(self, hosts: list[_Held], process: Process, placement: Placement,
                  restarts: int, echo):  # fmt: skip
         self.hosts, self.placement, self.restarts, self.echo = hosts, placement, restarts, echo
-        self.command = list(process.rank_command or process.command)
+        self.command = list(process.per_rank)
         # Ray chose each host's GPUs: the plan's physical ids do not apply.
         self.env = {k: v for k, v in process.env.items() if k != "CUDA_VISIBLE_DEVICES"}
         self.incarnation = -1

@@ -159,6 +159,7 @@ def run(
                         gpus_visible=None if dry_run or ray else _gpus_visible(config))  # fmt: skip
 
     run_id = new_id()
+    ray_address = None if ray == "local" else ray  # None: a local instance started for the run
     if dry_run:
         warm_flags = []
         if warm_cfg is not None:  # where the warm start is (or would be) cached
@@ -170,13 +171,13 @@ def run(
         else:  # where Ray would put it (workflows/ray_run.py)
             from gagpo.workflows.ray_run import describe_on_ray
 
-            echo(describe_on_ray(plan(warm_flags), config, None if ray == "local" else ray))
+            echo(describe_on_ray(plan(warm_flags), config, ray_address))
         return 0
     plan([])  # an impossible layout fails before the warm start is built
     if ray is not None:  # and one the Ray cluster cannot hold
         from gagpo.workflows.ray_run import check_on_ray
 
-        check_on_ray(plan([]), config, None if ray == "local" else ray)
+        check_on_ray(plan([]), config, ray_address)
     Store(store).ensure_writable()
     # SIGTERM ends us like Ctrl-C. SIGINT is handled explicitly too: a shell starts background
     # jobs with SIGINT ignored, and the children would inherit that and ignore our SIGINT.
@@ -194,7 +195,7 @@ def run(
             from gagpo.workflows.ray_run import run_on_ray
 
             code = run_on_ray(plan(policy_flags), config, echo, store=store, run_id=run_id,
-                              address=None if ray == "local" else ray)  # fmt: skip
+                              address=ray_address)  # fmt: skip
     except KeyboardInterrupt:
         echo("interrupted: every process started was stopped; committed shards are kept")
         return 130
