@@ -87,6 +87,8 @@ _SALT = np.uint64(0xD1B54A32D192ED03)
 _BUCKET_A = np.uint64(0xBF58476D1CE4E5B9)
 _CHUNK_BYTES = 1 << 18  # shingles hashed per pass: arrays that stay in cache
 _BLOCK_KEYS = 4096  # minhash works over blocks of whole groups of about this many keys
+_NO_KEY = np.int32(np.iinfo(np.int32).max)  # an unused slot of the bucket-head table
+_PHASES = (1, 1, 2)  # LSH bands taken in each phase before the rest
 
 
 # --- the setting ---------------------------------------------------------------------
@@ -496,43 +498,68 @@ def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _summary(sketch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What verification reads of a sketch: the sketch, its non-empty bins as the bits of
     one uint64, and one byte of every bin's hash (bits 8–15: a quarter of the memory)."""
+    sketch = np.ascontiguousarray(sketch)
     bits = np.packbits(sketch != _EMPTY, axis=1, bitorder="little")
     filled = np.ascontiguousarray(bits).view(np.uint64)[:, 0]
     return sketch, filled, (sketch >> np.uint32(8)).astype(np.uint8)
 
 
+def _rows(x: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """x[i] for a C-contiguous 2-D x, each row moved as one opaque item (several times
+    faster than numpy's element-wise fancy indexing of rows)."""
+    row = np.dtype((np.void, x.shape[1] * x.itemsize))
+    return np.take(x.view(row).reshape(-1), i).view(x.dtype).reshape(i.shape[0], x.shape[1])
+
+
+_BYTE_SUM = np.uint64(0x0101010101010101)
+
+
 def _equal_bins(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per row, how many of the BINS columns of a and b are equal (bools counted 8 at a
-    time: a bool row viewed as uint64s, then a byte sum)."""
+    """Per row, how many of the BINS columns of a and b are equal: the bool row viewed
+    as 8 uint64s, added column by column (8 byte counters each), then a byte sum."""
     equal = (a == b).view(np.uint64)  # [pairs, BINS / 8], bytes 0 or 1
-    total = np.add.reduce(equal, axis=1) * np.uint64(0x0101010101010101) >> np.uint64(56)
+    total = equal[:, 0].copy()
+    for j in range(1, equal.shape[1]):
+        total += equal[:, j]
+    total *= _BYTE_SUM
+    total >>= np.uint64(56)
     return total.astype(np.int64)
+
+
+def _bound(left: tuple, right: tuple, a: np.ndarray, b: np.ndarray):
+    """For the pairs (left key a[i], right key b[i]) of two `_summary`s: an upper bound
+    of similarity(...) (bins equal in both hashes have equal bytes, so equal bytes bound
+    the equal bins), and what the exact score needs: the bins non-empty in either, and
+    the bins empty in both (equal in every comparison)."""
+    either = np.bitwise_count(left[1][a] | right[1][b]).astype(np.int64)
+    either = np.maximum(either, 1)
+    empty = BINS - either
+    bound = _equal_bins(_rows(left[2], a), _rows(right[2], b)) - empty
+    return bound / either, either, empty
+
+
+def _score(left: tuple, right: tuple, a: np.ndarray, b: np.ndarray, either, empty):
+    """similarity(...) of the pairs (left key a[i], right key b[i]), all bins compared."""
+    return (_equal_bins(_rows(left[0], a), _rows(right[0], b)) - empty) / either
 
 
 def _verify(left: tuple, right: tuple, a: np.ndarray, b: np.ndarray, tau: float):
     """The pairs (left key a[i], right key b[i]) whose similarity(...) >= τ, as indices
-    into a and b, with their similarities. Bins equal in both hashes have equal bytes,
-    so equal bytes bound the equal bins from above: pairs the bound already puts below τ
-    skip the full comparison, which changes no decision."""
-    either = np.bitwise_count(left[1][a] | right[1][b]).astype(np.int64)
-    either = np.maximum(either, 1)
-    empty = BINS - either  # bins empty in both: equal in every comparison
-    bound = _equal_bins(left[2][a], right[2][b]) - empty
-    maybe = np.flatnonzero(bound / either >= tau)
-    a, b, either, empty = a[maybe], b[maybe], either[maybe], empty[maybe]
-    score = (_equal_bins(left[0][a], right[0][b]) - empty) / either
+    into a and b, with their similarities. Pairs whose `_bound` is already below τ skip
+    the full comparison, which changes no decision."""
+    bound, either, empty = _bound(left, right, a, b)
+    maybe = np.flatnonzero(bound >= tau)
+    score = _score(left, right, a[maybe], b[maybe], either[maybe], empty[maybe])
     ok = score >= tau
     return maybe[ok], score[ok]
 
 
-def _bucket_codes(
-    sketch: tuple[np.ndarray, np.ndarray, np.ndarray], gid: np.ndarray, rows: int, bits: int
-) -> np.ndarray:
-    """One uint64 per (key, band) whose bins are not all empty (those are never a
-    candidate), for a `_summary`: the band's LSH bucket in the high 64 − `bits` bits (a
-    hash of the band's bins salted by group and band index, so buckets never cross
-    either) over the key's index in the low `bits`. Sorted, these codes list each
-    bucket's keys, least index first."""
+def _bucket_hashes(
+    sketch: tuple[np.ndarray, np.ndarray, np.ndarray], gid: np.ndarray, rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """For a `_summary`: [keys, bands] uint64, each band's LSH bucket (a hash of the
+    band's bins salted by group and band index, so buckets never cross either), and
+    [keys, bands] bool, the bands whose bins are all empty (never a candidate)."""
     bins, filled = sketch[0], sketch[1]
     n, bands = bins.shape[0], BINS // rows
     if rows == 1:
@@ -544,12 +571,36 @@ def _bucket_codes(
         h ^= words[:, :, j]
         h *= _BUCKET_A
         h ^= h >> np.uint64(29)
-    h >>= np.uint64(bits)
-    h <<= np.uint64(bits)
-    h |= np.arange(n, dtype=np.uint64)[:, None]
     shift = np.arange(0, BINS, rows, dtype=np.uint64)
-    band_filled = (filled[:, None] >> shift) & np.uint64((1 << rows) - 1)  # [keys, bands]
-    return h[band_filled != 0]
+    empty = (filled[:, None] >> shift) & np.uint64((1 << rows) - 1) == 0  # [keys, bands]
+    return h, empty
+
+
+def _heads(bucket: np.ndarray, empty: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """[keys, bands] int32: the least key of each (key, band)'s bucket among the keys
+    whose band is not empty (the key itself where it is). One np.minimum.at of the key
+    indices into `table` (a power of 2 of _NO_KEY) at each bucket's top bits gives each
+    slot's least key; where that key is not in the entry's bucket (two buckets met in one
+    slot), the bucket's keys are sorted instead. No sort of every entry; `table` is left
+    as it was found."""
+    n, bands = bucket.shape
+    entry = np.flatnonzero(~empty.reshape(-1))  # [live entries] index of (key, band)
+    flat = bucket.reshape(-1)[entry]
+    key = (entry // bands).astype(np.int32)
+    slot = (flat >> np.uint64(65 - table.shape[0].bit_length())).astype(np.intp)
+    np.minimum.at(table, slot, key)
+    least = table[slot]
+    table[slot] = _NO_KEY
+    own = least.astype(np.intp) * bands
+    own += entry % bands  # the least key's entry in the same band
+    miss = np.flatnonzero(bucket.reshape(-1)[own] != flat)
+    if miss.size:  # whole buckets (all their entries meet the same slot): sorted by bucket
+        miss = miss[np.argsort(flat[miss], kind="stable")]  # keys ascending within one
+        start = np.flatnonzero(_starts(flat[miss]))
+        least[miss] = np.repeat(key[miss[start]], np.diff(start, append=miss.shape[0]))
+    head = np.repeat(np.arange(n, dtype=np.int32), bands)
+    head[entry] = least
+    return head.reshape(n, bands)
 
 
 def _starts(values: np.ndarray) -> np.ndarray:
@@ -557,23 +608,6 @@ def _starts(values: np.ndarray) -> np.ndarray:
     start = np.ones(values.shape[0], bool)
     np.not_equal(values[1:], values[:-1], out=start[1:])
     return start
-
-
-def _star_links(codes: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate links from sorted bucket codes: every key with the least key of each
-    bucket it shares, once; sorted by key, then bucket head. A star per bucket, not
-    every pair: near-identical keys fill one bucket, and all pairs would be quadratic."""
-    low = np.uint64((1 << bits) - 1)
-    head = np.flatnonzero(_starts(codes >> np.uint64(bits)))
-    first = np.repeat(codes[head] & low, np.diff(head, append=codes.shape[0]))
-    link = codes & low  # each entry's key, over its bucket's head: (key, head) in one code
-    link <<= np.uint64(bits)
-    link |= first
-    link = np.sort(link)
-    link = link[_starts(link)].astype(np.int64)
-    key, least = link >> bits, link & ((1 << bits) - 1)
-    other = key != least  # a bucket's head is not its own candidate
-    return key[other], least[other]
 
 
 def components(a: np.ndarray, b: np.ndarray, rank: np.ndarray) -> np.ndarray:
@@ -595,6 +629,28 @@ def components(a: np.ndarray, b: np.ndarray, rank: np.ndarray) -> np.ndarray:
             label = jumped
         if np.array_equal(label, before):
             return node[label]
+
+
+def _merge(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Component labels (each node's least node) after adding edges (a, b) to a graph
+    labelled `label`: each edge hooks the greater of its ends' labels onto the lesser,
+    then labels jump to their labels' labels until fixed; repeated until no edge joins
+    two labels. Works on the labels the edges touch, so a round costs its edges."""
+    label = label.copy()
+    while True:
+        ra, rb = label[a], label[b]
+        cross = ra != rb
+        if not cross.any():
+            return label
+        a, b, ra, rb = a[cross], b[cross], ra[cross], rb[cross]
+        least = np.minimum(ra, rb)
+        np.minimum.at(label, ra, least)  # ra, rb are labels: label[ra] == ra before
+        np.minimum.at(label, rb, least)
+        while True:
+            jumped = label[label]
+            if np.array_equal(jumped, label):
+                break
+            label = jumped
 
 
 def _minhash(
@@ -628,16 +684,22 @@ def _minhash(
     at = np.searchsorted(group_start, np.arange(0, n, _BLOCK_KEYS), "right") - 1
     cuts = np.unique(group_start[at])  # each block starts where a group does
     text, q_text = _utf8(key.gather(order)), _utf8(query_key.gather(q_order))  # once
-    for lo, hi in zip(cuts, [*cuts[1:], n], strict=True):
+
+    def run(lo: int, hi: int) -> None:  # one block of whole groups
         idx = order[lo:hi]
         q_lo, q_hi = np.searchsorted(q_gids, [gids[lo], gids[hi - 1] + 1])
         q_idx = q_order[q_lo:q_hi]
+        size = max(4 * (hi - lo) * (BINS // rows), 1 << 10).bit_length()  # load <= 1/4
         block, q_found = _minhash_block(
             (text[0], text[1][lo : hi + 1]), gids[lo:hi], tau, rows,
             (q_text[0], q_text[1][q_lo : q_hi + 1]), q_gids[q_lo:q_hi],
+            np.full(1 << size, _NO_KEY, np.int32),
         )  # fmt: skip
         merged[idx] = idx[block]
         found[q_idx] = np.where(q_found == NO_POOL, NO_POOL, idx[np.maximum(q_found, 0)])
+
+    for lo, hi in zip(cuts, [*cuts[1:], n], strict=True):
+        run(int(lo), int(hi))
     return merged.astype(INDEX), found
 
 
@@ -648,57 +710,81 @@ def _minhash_block(
     rows: int,
     query_key: tuple[np.ndarray, np.ndarray],
     query_gid: np.ndarray,
+    table: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """_minhash on whole groups whose keys (UTF-8 bytes and offsets) come in (group,
     string) order, in local indices: each key's component label (its first key in that
     order) and each query's best linked key's label (NO_POOL if none).
 
-    Links are verified in two rounds with the same components: first each key's link to
-    its least bucket head, then only the candidates whose ends those links left in
-    different components (a link inside a component changes no component)."""
+    Each key's candidate links are the distinct heads of its buckets. The bands are taken
+    in phases (_PHASES bands, then the rest), and a phase verifies only the candidates
+    whose ends are still in different components: a link inside a component changes no
+    component, so the components are those of every verified link. A group that is
+    already one component leaves the later phases (at low τ, most groups after the first
+    band or two): buckets never cross groups, so the other groups' heads do not change."""
     n = key_gid.shape[0]
-    bits = max(n - 1, query_gid.shape[0] - 1, 1).bit_length()  # an index in a code
-    sketch = _sketch_bytes(*key)
-    keys = _summary(sketch)
-    codes = np.sort(_bucket_codes(keys, key_gid, rows, bits))
-    member, head = _star_links(codes, bits)
-
-    def verified(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        ok = _verify(keys, keys, a, b, tau)[0]
-        ok = ok[key_gid[a[ok]] == key_gid[b[ok]]]
-        return a[ok], b[ok]
-
-    order = np.arange(n)
-    least = _starts(member)  # each key's least head
-    a, b = verified(head[least], member[least])
-    merged = components(a, b, order)
-    rest = ~least & (merged[head] != merged[member])
-    if rest.any():
-        more_a, more_b = verified(head[rest], member[rest])
-        if more_a.size:
-            a, b = np.concatenate((a, more_a)), np.concatenate((b, more_b))
-            merged = components(a, b, order)
+    keys = _summary(_sketch_bytes(*key))
+    bucket, empty = _bucket_hashes(keys, key_gid, rows)
+    bands = bucket.shape[1]
+    group_start = np.flatnonzero(_starts(key_gid))
+    group_size = np.diff(group_start, append=n)
+    label = np.arange(n)
+    active = label  # the keys of groups that are not one component yet
+    done = 0
+    for width in (*_PHASES, bands):
+        span = slice(done, min(done + width, bands))
+        done = span.stop
+        head = _heads(bucket[active, span], empty[active, span], table)
+        head.sort(axis=1)
+        fresh = np.ones(head.shape, bool)  # a distinct head other than the key itself
+        np.not_equal(head[:, 1:], head[:, :-1], out=fresh[:, 1:])
+        fresh &= head != np.arange(active.shape[0])[:, None]
+        head = active[head]  # local to the block again
+        fresh &= label[head] != label[active][:, None]
+        member, j = np.nonzero(fresh)
+        if member.size:
+            other, member = head[member, j], active[member]
+            ok = _verify(keys, keys, other, member, tau)[0]
+            ok = ok[key_gid[other[ok]] == key_gid[member[ok]]]
+            label = _merge(label, other[ok], member[ok])
+        if done >= bands:
+            break
+        roots = np.add.reduceat((label == np.arange(n)).view(np.uint8), group_start)
+        if (roots == 1).all():
+            break
+        active = np.flatnonzero(np.repeat(roots > 1, group_size))
     found = np.full(query_gid.shape[0], NO_POOL, np.int64)
     if not query_gid.size:
-        return merged, found
-    # Queries: linked like one more key of the group (to the head of every bucket they
-    # fall in, verified against τ), without joining it; the best link gives the pool.
+        return label, found
+    # Queries: compared with every key of their group that shares one of their buckets
+    # (as one more key of the group would be, without joining it); the best gives the
+    # pool. A query's exact scores are needed only for pairs whose bound reaches the
+    # exact score of its pair of highest bound (none below it can be the best).
     queries = _summary(_sketch_bytes(*query_key))
-    q_codes = _bucket_codes(queries, query_gid, rows, bits)
-    low = np.uint64((1 << bits) - 1)
-    bucket, q_bucket = codes >> np.uint64(bits), q_codes >> np.uint64(bits)
-    at = np.minimum(np.searchsorted(bucket, q_bucket), bucket.shape[0] - 1)
-    hit = bucket[at] == q_bucket  # a bucket's first code is its head
-    link = np.sort(((q_codes[hit] & low) << np.uint64(bits)) | (codes[at[hit]] & low))
-    link = link[_starts(link)].astype(np.int64)
-    qi, ki = link >> bits, link & ((1 << bits) - 1)
-    ok, score = _verify(queries, keys, qi, ki, tau)
-    qi, ki = qi[ok], ki[ok]
-    same = key_gid[ki] == query_gid[qi]
-    qi, ki, score = qi[same], ki[same], score[same]
+    q_bucket, _ = _bucket_hashes(queries, query_gid, rows)
+    lo = np.searchsorted(key_gid, query_gid, "left")
+    hi = np.searchsorted(key_gid, query_gid, "right")
+    qi = np.repeat(np.arange(query_gid.shape[0]), hi - lo)  # every (query, key of its group)
+    ki = np.arange(qi.shape[0]) - np.repeat(np.cumsum(hi - lo) - hi, hi - lo)
+    shared = ((_rows(bucket, ki) == _rows(q_bucket, qi)) & ~_rows(empty, ki)).any(axis=1)
+    qi, ki = qi[shared], ki[shared]
+    bound, either, empty = _bound(queries, keys, qi, ki)
+    keep = np.flatnonzero(bound >= tau)
+    qi, ki, bound, either, empty = qi[keep], ki[keep], bound[keep], either[keep], empty[keep]
+    if not qi.size:
+        return label, found
+    top = np.lexsort((-bound, qi))  # each query's pair of highest bound first
+    top = top[_starts(qi[top])]
+    floor = np.zeros(query_gid.shape[0])
+    floor[qi[top]] = _score(queries, keys, qi[top], ki[top], either[top], empty[top])
+    keep = np.flatnonzero(bound >= np.maximum(floor[qi], tau))
+    qi, ki = qi[keep], ki[keep]
+    score = _score(queries, keys, qi, ki, either[keep], empty[keep])
+    ok = score >= tau
+    qi, ki, score = qi[ok], ki[ok], score[ok]
     if qi.size:  # the best: highest score, then the component with the smallest key
-        best = np.lexsort((merged[ki], -score, qi))
+        best = np.lexsort((label[ki], -score, qi))
         qi, ki = qi[best], ki[best]
         first = _starts(qi)
-        found[qi[first]] = merged[ki[first]]
-    return merged, found
+        found[qi[first]] = label[ki[first]]
+    return label, found

@@ -595,3 +595,121 @@ def test_minhash_fast_paths_equal_their_reference(monkeypatch):
         ok, score = grouping._verify(summary, summary, a, b, tau)
         assert ok.tolist() == np.flatnonzero(reference >= tau).tolist()
         np.testing.assert_array_equal(score, reference[ok])
+
+
+def _minhash_reference(gid, keys, q_gid, queries, tau):
+    """minhash:τ by its definition, in plain Python: per group, band and LSH bucket the
+    least key in string order is the head; every key is linked to the heads of its
+    non-empty bands when the estimated Jaccard is >= τ; pools are the connected
+    components. A query is compared with every key of its group that shares one of its
+    buckets; the best (highest estimate, then the component of least key) is its pool.
+    Returns each key's component (its least key) and each query's (None if none)."""
+    import gagpo.pipeline.grouping as grouping
+
+    rows = band_rows(tau)
+    sketch = sketches(pl.Series(keys))
+    bucket, empty = grouping._bucket_hashes(grouping._summary(sketch), np.asarray(gid), rows)
+    q_sketch = sketches(pl.Series(queries))
+    q_bucket, _ = grouping._bucket_hashes(grouping._summary(q_sketch), np.asarray(q_gid), rows)
+    heads = {}
+    for k in sorted(range(len(keys)), key=lambda k: keys[k]):
+        for band in range(bucket.shape[1]):
+            if not empty[k, band]:
+                heads.setdefault((gid[k], band, int(bucket[k, band])), k)
+    parent = list(range(len(keys)))
+
+    def root(k):
+        while parent[k] != k:
+            k = parent[k]
+        return k
+
+    for (g, band, b), head in heads.items():
+        for k in range(len(keys)):
+            linked = gid[k] == g and not empty[k, band] and int(bucket[k, band]) == b
+            if linked and k != head and similarity(sketch[[k]], sketch[[head]])[0] >= tau:
+                parent[root(k)] = root(head)
+    members = {}
+    for k in range(len(keys)):
+        members.setdefault(root(k), []).append(k)
+    least = {r: min(ks, key=lambda k: keys[k]) for r, ks in members.items()}
+    label = [least[root(k)] for k in range(len(keys))]
+    found = []
+    for q in range(len(queries)):
+        best = None
+        for k in range(len(keys)):
+            share = any(
+                not empty[k, band] and bucket[k, band] == q_bucket[q, band]
+                for band in range(bucket.shape[1])
+            )
+            if gid[k] != q_gid[q] or not share:
+                continue
+            score = similarity(q_sketch[[q]], sketch[[k]])[0]
+            if score >= tau and (best is None or (-score, keys[label[k]]) < best[0]):
+                best = ((-score, keys[label[k]]), label[k])
+        found.append(None if best is None else best[1])
+    return label, found
+
+
+@pytest.mark.parametrize("tau", [0.5, 0.6, 0.8])
+def test_minhash_equals_its_definition_in_plain_python(tau, monkeypatch):
+    """The bucket-head table, the phases of bands, the merging of components and the
+    queries' pruned comparisons give what the definition gives, with one block or many."""
+    import gagpo.pipeline.grouping as grouping
+    from gagpo.pipeline.grouping import group_states
+
+    rng = random.Random(int(tau * 10))
+    words = ["red", "blue", "box", "door", "key", "turn 1", "turn 2", "open"]
+    gid, keys = [], []
+    for g in range(12):
+        seen = set()
+        for _ in range(rng.randrange(1, 30)):
+            text = " ".join(rng.choice(words) for _ in range(rng.randrange(1, 7)))
+            if text not in seen:
+                seen.add(text)
+                gid.append(g)
+                keys.append(text)
+    q_gid = [rng.randrange(12) for _ in range(40)]
+    queries = [" ".join(rng.choice(words) for _ in range(rng.randrange(1, 7))) for _ in q_gid]
+    label, found = _minhash_reference(gid, keys, q_gid, queries, tau)
+    for block in (4096, 5):
+        monkeypatch.setattr(grouping, "_BLOCK_KEYS", block)
+        pools = group_states(
+            parse_grouping(f"minhash:{tau}"), np.array(gid), pl.Series(keys),
+            np.array(q_gid), pl.Series(queries),
+        )  # fmt: skip
+        names = pools.label().to_list()
+        assert [names[p] for p in pools.pool] == [keys[k] for k in label]
+        assert [None if p < 0 else names[p] for p in pools.query_pool] == [
+            None if k is None else keys[k] for k in found
+        ]
+
+
+def test_heads_in_a_crowded_table_equal_a_sort():
+    """Buckets that meet in one slot of the head table fall back to a sort: the same
+    least key per bucket however small the table."""
+    import gagpo.pipeline.grouping as grouping
+
+    rng = np.random.default_rng(3)
+    bucket = rng.integers(0, 9, size=(200, 4)).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    bucket += np.arange(4, dtype=np.uint64) << np.uint64(60)  # buckets never cross bands
+    empty = rng.random((200, 4)) < 0.1
+    expected = np.empty((200, 4), np.int64)
+    for band in range(4):
+        for k in range(200):
+            same = np.flatnonzero((bucket[:, band] == bucket[k, band]) & ~empty[:, band])
+            expected[k, band] = k if empty[k, band] else same[0]
+    for size in (2, 16, 1 << 12):
+        table = np.full(size, grouping._NO_KEY, np.int32)
+        assert (grouping._heads(bucket, empty, table) == expected).all()
+        assert (table == grouping._NO_KEY).all()  # left as found
+
+
+def test_merging_edges_in_batches_equals_components_of_all():
+    from gagpo.pipeline.grouping import _merge
+
+    rng = np.random.default_rng(4)
+    a, b = rng.integers(0, 300, 250), rng.integers(0, 300, 250)
+    label = np.arange(300)
+    for part in np.array_split(np.arange(250), 5):
+        label = _merge(label, a[part], b[part])
+    assert (label == components(a, b, np.arange(300))).all()
