@@ -88,7 +88,7 @@ _BUCKET_A = np.uint64(0xBF58476D1CE4E5B9)
 _CHUNK_BYTES = 1 << 18  # shingles hashed per pass: arrays that stay in cache
 _BLOCK_KEYS = 4096  # minhash works over blocks of whole groups of about this many keys
 _NO_KEY = np.int32(np.iinfo(np.int32).max)  # an unused slot of the bucket-head table
-_PHASES = (1, 1, 2)  # LSH bands taken in each phase before the rest
+_PHASES = (2,)  # LSH bands taken in each phase before the rest
 
 
 # --- the setting ---------------------------------------------------------------------
@@ -425,9 +425,11 @@ def _shingle_hash(x: np.ndarray) -> np.ndarray:
     """Multiply-shift (Dietzfelbinger et al.): the high 32 bits of x·A mod 2^64 for an
     odd A, universal in its top bits (which pick the bin); x (uint64) is overwritten.
     Bit 0 is cleared, so no hash is _EMPTY. One multiply per shingle: the sketches'
-    cost is in how many shingles there are, so the hash is the cheapest good one."""
+    cost is in how many shingles there are, so the hash is the cheapest good one. The
+    result is a contiguous uint32 array (the scatter reads it at full speed)."""
     x *= _SHINGLE_A
-    high = x.view(np.uint32)[_HIGH::2]
+    x >>= np.uint64(32)
+    high = x.astype(np.uint32)
     high &= np.uint32(0xFFFFFFFE)
     return high
 
@@ -463,8 +465,7 @@ def _sketch_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         stop = int(np.searchsorted(offsets, offsets[start] + _CHUNK_BYTES, "right")) - 1
         stop = min(max(stop, start + 1), n)
         rows = np.stack((np.arange(start, stop) * BINS, np.full(stop - start, n * BINS)), 1)
-        rows = rows.astype(np.uint32 if (n + 1) * BINS < 2**32 else np.int64)  # less to move
-        index = np.repeat(rows.reshape(-1), runs[2 * start : 2 * stop])  # [windows]
+        index = np.repeat(rows.reshape(-1).astype(np.intp), runs[2 * start : 2 * stop])
         h = _shingle_hash(window[offsets[start] : offsets[stop]].astype(np.uint64))
         index += h >> _BIN_SHIFT
         np.minimum.at(flat, index, h)
