@@ -669,13 +669,12 @@ def _minhash(
     block stays in cache, and the result is the one a single pass would give (buckets,
     links and order are all within a group)."""
     n = key.len()
-    order = (
-        pl.DataFrame({"g": key_gid, "k": key})
-        .select(pl.arg_sort_by("g", "k"))
-        .to_series()
-        .to_numpy()
-        .astype(np.int64)
-    )
+    frame = pl.DataFrame({"g": key_gid, "k": key}).with_row_index("i")
+    if n < 2 or (key_gid[1:] >= key_gid[:-1]).all():  # exact pools come group by group:
+        sort = pl.col("i").sort_by("k").over("g")  # sort within each group (half the time)
+    else:
+        sort = pl.arg_sort_by("g", "k")
+    order = frame.select(sort).to_series().to_numpy().astype(np.int64)
     rows = band_rows(tau)
     q_order = np.argsort(query_gid, kind="stable")
     gids, q_gids = key_gid[order], query_gid[q_order]

@@ -713,3 +713,24 @@ def test_merging_edges_in_batches_equals_components_of_all():
     for part in np.array_split(np.arange(250), 5):
         label = _merge(label, a[part], b[part])
     assert (label == components(a, b, np.arange(300))).all()
+
+
+def test_minhash_orders_keys_the_same_whether_or_not_groups_come_sorted():
+    """_minhash sorts keys within groups when the groups come in order (as exact pools
+    do) and by (group, key) otherwise: the same components and query pools either way."""
+    import gagpo.pipeline.grouping as grouping
+
+    rng = random.Random(11)
+    words = ["red", "blue", "box", "door", "key", "turn 1", "turn 2", "open"]
+    gid = np.array(sorted(rng.randrange(6) for _ in range(120)))
+    keys = [" ".join(rng.choice(words) for _ in range(5)) + f" {i}" for i in range(120)]
+    q_gid = np.array([rng.randrange(6) for _ in range(20)])
+    queries = pl.Series([" ".join(rng.choice(words) for _ in range(5)) for _ in q_gid])
+    merged, found = grouping._minhash(pl.Series(keys), gid, 0.5, queries, q_gid)
+    perm = np.random.default_rng(0).permutation(120)
+    merged_p, found_p = grouping._minhash(
+        pl.Series(keys).gather(perm), gid[perm], 0.5, queries, q_gid
+    )
+    assert [keys[perm[m]] for m in merged_p] == [keys[m] for m in merged[perm]]
+    as_key = [None if f < 0 else keys[f] for f in found]
+    assert [None if f < 0 else keys[perm[f]] for f in found_p] == as_key
