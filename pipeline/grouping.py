@@ -684,22 +684,20 @@ def _minhash(
     at = np.searchsorted(group_start, np.arange(0, n, _BLOCK_KEYS), "right") - 1
     cuts = np.unique(group_start[at])  # each block starts where a group does
     text, q_text = _utf8(key.gather(order)), _utf8(query_key.gather(q_order))  # once
-
-    def run(lo: int, hi: int) -> None:  # one block of whole groups
+    tables: dict[int, np.ndarray] = {}  # the bucket-head tables, reused by every block
+    for lo, hi in zip(cuts, [*cuts[1:], n], strict=True):
         idx = order[lo:hi]
         q_lo, q_hi = np.searchsorted(q_gids, [gids[lo], gids[hi - 1] + 1])
         q_idx = q_order[q_lo:q_hi]
-        size = max(4 * (hi - lo) * (BINS // rows), 1 << 10).bit_length()  # load <= 1/4
+        size = max(4 * int(hi - lo) * (BINS // rows), 1 << 10).bit_length()  # load <= 1/4
+        if size not in tables:
+            tables[size] = np.full(1 << size, _NO_KEY, np.int32)
         block, q_found = _minhash_block(
             (text[0], text[1][lo : hi + 1]), gids[lo:hi], tau, rows,
-            (q_text[0], q_text[1][q_lo : q_hi + 1]), q_gids[q_lo:q_hi],
-            np.full(1 << size, _NO_KEY, np.int32),
+            (q_text[0], q_text[1][q_lo : q_hi + 1]), q_gids[q_lo:q_hi], tables[size],
         )  # fmt: skip
         merged[idx] = idx[block]
         found[q_idx] = np.where(q_found == NO_POOL, NO_POOL, idx[np.maximum(q_found, 0)])
-
-    for lo, hi in zip(cuts, [*cuts[1:], n], strict=True):
-        run(int(lo), int(hi))
     return merged.astype(INDEX), found
 
 
@@ -758,29 +756,37 @@ def _minhash_block(
         return label, found
     # Queries: compared with every key of their group that shares one of their buckets
     # (as one more key of the group would be, without joining it); the best gives the
-    # pool. A query's exact scores are needed only for pairs whose bound reaches the
-    # exact score of its pair of highest bound (none below it can be the best).
+    # pool. The cheap bound goes first, the bucket check last; a query's exact scores are
+    # needed only where the bound reaches the score of its pair of highest bound, when
+    # that pair shares a bucket (no pair below it can be the best).
     queries = _summary(_sketch_bytes(*query_key))
     q_bucket, _ = _bucket_hashes(queries, query_gid, rows)
     lo = np.searchsorted(key_gid, query_gid, "left")
     hi = np.searchsorted(key_gid, query_gid, "right")
     qi = np.repeat(np.arange(query_gid.shape[0]), hi - lo)  # every (query, key of its group)
     ki = np.arange(qi.shape[0]) - np.repeat(np.cumsum(hi - lo) - hi, hi - lo)
-    shared = ((_rows(bucket, ki) == _rows(q_bucket, qi)) & ~_rows(empty, ki)).any(axis=1)
-    qi, ki = qi[shared], ki[shared]
-    bound, either, empty = _bound(queries, keys, qi, ki)
+
+    def shared(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+        return ((_rows(bucket, k) == _rows(q_bucket, q)) & ~_rows(empty, k)).any(axis=1)
+
+    bound, either, both_empty = _bound(queries, keys, qi, ki)
     keep = np.flatnonzero(bound >= tau)
-    qi, ki, bound, either, empty = qi[keep], ki[keep], bound[keep], either[keep], empty[keep]
+    qi, ki, bound = qi[keep], ki[keep], bound[keep]
+    either, both_empty = either[keep], both_empty[keep]
     if not qi.size:
         return label, found
-    top = np.lexsort((-bound, qi))  # each query's pair of highest bound first
-    top = top[_starts(qi[top])]
+    start = np.flatnonzero(_starts(qi))  # qi ascends: each query's pairs are one run
+    highest = np.repeat(np.maximum.reduceat(bound, start), np.diff(start, append=qi.shape[0]))
+    top = np.flatnonzero(bound == highest)
+    top = top[_starts(qi[top])]  # each query's first pair of highest bound
+    top = top[shared(qi[top], ki[top])]
     floor = np.zeros(query_gid.shape[0])
-    floor[qi[top]] = _score(queries, keys, qi[top], ki[top], either[top], empty[top])
+    floor[qi[top]] = _score(queries, keys, qi[top], ki[top], either[top], both_empty[top])
     keep = np.flatnonzero(bound >= np.maximum(floor[qi], tau))
     qi, ki = qi[keep], ki[keep]
-    score = _score(queries, keys, qi, ki, either[keep], empty[keep])
-    ok = score >= tau
+    score = _score(queries, keys, qi, ki, either[keep], both_empty[keep])
+    ok = np.flatnonzero(score >= tau)
+    ok = ok[shared(qi[ok], ki[ok])]
     qi, ki, score = qi[ok], ki[ok], score[ok]
     if qi.size:  # the best: highest score, then the component with the smallest key
         best = np.lexsort((label[ki], -score, qi))
