@@ -39,15 +39,17 @@ minhash:τ
     estimate a Jaccard similarity ≥ τ; pools are the connected components of the links.
     Nothing depends on row order (the sketches and links depend only on the strings and
     their groups), so a shuffled batch gets the same pools. It runs on one key per exact
-    pool, over blocks of whole groups of about 4096 keys (arrays that stay in cache),
-    and verifies each key's link to its least bucket head first, then only the
-    candidates whose ends are still in different components (the same components).
+    pool, over blocks of whole groups of about 4096 keys (arrays that stay in cache);
+    each bucket's least key comes from a scatter-min into a slot table, not a sort; the
+    bands are taken in two phases, a phase verifying only the links whose ends are still
+    in different components, and a group already one component skips the second (the
+    same components: a link inside a component changes none).
 
 A truncated end's `next_state_key` is mapped through the same grouping: its exact pool when
 the group visited that key; otherwise, for `normalized` the pool of its canonical key, for
-`similar` the first cluster whose representative it matches, for `minhash` the pool it
-would link to as one more key of its group (the most similar verified head of the
-buckets it falls in; ties: the component with the smallest key); NO_POOL when nothing
+`similar` the first cluster whose representative it matches, for `minhash` the pool of
+the most similar key (estimated Jaccard >= τ) among the keys of its group that share one
+of its LSH buckets (ties: the component with the smallest key); NO_POOL when nothing
 matches. Each pool is labelled (`Pools.label`, the SQL views' `pool_id`) by a
 key: the state key (exact), the canonical key (normalized), the cluster's first member
 (similar), the component's smallest key (minhash).
@@ -662,7 +664,8 @@ def _minhash(
     query_gid: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each exact pool's component of LSH links (labelled by the pool of its smallest
-    key), and the component of each query's most similar linked key (NO_POOL if none).
+    key), and the component of each query's most similar key among those of its group
+    that share one of its buckets (NO_POOL if none reaches τ).
 
     The keys are put in (group, string) order once; pools never cross groups, so the
     work runs over blocks of whole groups of about _BLOCK_KEYS keys: every array of a
