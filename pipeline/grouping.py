@@ -90,6 +90,7 @@ _BUCKET_A = np.uint64(0xBF58476D1CE4E5B9)
 _CHUNK_BYTES = 1 << 18  # shingles hashed per pass: arrays that stay in cache
 _BLOCK_KEYS = 4096  # minhash works over blocks of whole groups of about this many keys
 _NO_KEY = np.int32(np.iinfo(np.int32).max)  # an unused slot of the bucket-head table
+_TABLE_LOAD = 2  # the head table: 2 to 4 slots per (key, band) entry (few collisions)
 _PHASES = (2,)  # LSH bands taken in each phase before the rest
 
 
@@ -582,27 +583,27 @@ def _bucket_hashes(
 def _heads(bucket: np.ndarray, empty: np.ndarray, table: np.ndarray) -> np.ndarray:
     """[keys, bands] int32: the least key of each (key, band)'s bucket among the keys
     whose band is not empty (the key itself where it is). One np.minimum.at of the key
-    indices into `table` (a power of 2 of _NO_KEY) at each bucket's top bits gives each
-    slot's least key; where that key is not in the entry's bucket (two buckets met in one
-    slot), the bucket's keys are sorted instead. No sort of every entry; `table` is left
-    as it was found."""
+    indices into `table` (a power of 2 of _NO_KEY, and one more slot where the empty
+    bands go) at each bucket's top bits gives each slot's least key; where that key is
+    not in the entry's bucket (two buckets met in one slot), the bucket's keys are sorted
+    instead. No sort of every entry; `table` is left as it was found."""
     n, bands = bucket.shape
-    entry = np.flatnonzero(~empty.reshape(-1))  # [live entries] index of (key, band)
-    flat = bucket.reshape(-1)[entry]
-    key = (entry // bands).astype(np.int32)
+    flat = bucket.reshape(-1)
+    dead = empty.reshape(-1)
     slot = (flat >> np.uint64(65 - table.shape[0].bit_length())).astype(np.intp)
+    slot[dead] = table.shape[0] - 1  # out of every bucket's way
+    key = np.repeat(np.arange(n, dtype=np.int32), bands)
     np.minimum.at(table, slot, key)
-    least = table[slot]
+    head = table[slot]
     table[slot] = _NO_KEY
-    own = least.astype(np.intp) * bands
-    own += entry % bands  # the least key's entry in the same band
-    miss = np.flatnonzero(bucket.reshape(-1)[own] != flat)
+    head[dead] = key[dead]
+    own = head.astype(np.intp) * bands
+    own += np.tile(np.arange(bands, dtype=np.intp), n)  # the head's entry in this band
+    miss = np.flatnonzero(flat[own] != flat)  # never an empty band: its head is itself
     if miss.size:  # whole buckets (all their entries meet the same slot): sorted by bucket
         miss = miss[np.argsort(flat[miss], kind="stable")]  # keys ascending within one
         start = np.flatnonzero(_starts(flat[miss]))
-        least[miss] = np.repeat(key[miss[start]], np.diff(start, append=miss.shape[0]))
-    head = np.repeat(np.arange(n, dtype=np.int32), bands)
-    head[entry] = least
+        head[miss] = np.repeat(key[miss[start]], np.diff(start, append=miss.shape[0]))
     return head.reshape(n, bands)
 
 
@@ -692,9 +693,9 @@ def _minhash(
         idx = order[lo:hi]
         q_lo, q_hi = np.searchsorted(q_gids, [gids[lo], gids[hi - 1] + 1])
         q_idx = q_order[q_lo:q_hi]
-        size = max(4 * int(hi - lo) * (BINS // rows), 1 << 10).bit_length()  # load <= 1/4
+        size = max(_TABLE_LOAD * int(hi - lo) * (BINS // rows), 1 << 10).bit_length()
         if size not in tables:
-            tables[size] = np.full(1 << size, _NO_KEY, np.int32)
+            tables[size] = np.full((1 << size) + 1, _NO_KEY, np.int32)
         block, q_found = _minhash_block(
             (text[0], text[1][lo : hi + 1]), gids[lo:hi], tau, rows,
             (q_text[0], q_text[1][q_lo : q_hi + 1]), q_gids[q_lo:q_hi], tables[size],

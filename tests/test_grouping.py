@@ -699,7 +699,7 @@ def test_heads_in_a_crowded_table_equal_a_sort():
             same = np.flatnonzero((bucket[:, band] == bucket[k, band]) & ~empty[:, band])
             expected[k, band] = k if empty[k, band] else same[0]
     for size in (2, 16, 1 << 12):
-        table = np.full(size, grouping._NO_KEY, np.int32)
+        table = np.full(size + 1, grouping._NO_KEY, np.int32)  # and the empty bands' slot
         assert (grouping._heads(bucket, empty, table) == expected).all()
         assert (table == grouping._NO_KEY).all()  # left as found
 
