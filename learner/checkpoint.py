@@ -54,7 +54,7 @@ from gagpo.learner.publish import (
     remove_folder,
 )
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import LEARNER, Store
+from gagpo.schemas.store import LEARNER, Store, parquet_table
 
 CHECKPOINTS = "checkpoints"
 _STATE_DIR = re.compile(r"^v(\d+)$")
@@ -245,7 +245,7 @@ def _restore(store: Store, version: int, model, optimizer, scheduler) -> tuple[H
             weights = _published_weights(store, version, cache)
         trainer = torch.load(folder / "trainer.pt", weights_only=True)
         restore(model, optimizer, scheduler, weights, trainer, where=remote)
-        ledger = Ledger(pq.read_table(folder / "ledger.parquet"))
+        ledger = Ledger(parquet_table((folder / "ledger.parquet").read_bytes()))
     return Head(state["update"], version, state["id"]), ledger
 
 

@@ -85,6 +85,19 @@ def new_id() -> str:
     return str(ULID()).lower()
 
 
+def parquet_table(data: bytes, columns: list[str] | None = None) -> pa.Table:
+    """The table of a Parquet file's bytes (only `columns`, when given; a missing one raises
+    ArrowInvalid), decoded on the calling thread. Not pq.read_table, nor Arrow's thread
+    pool: work of theirs can outlive the call, and a process that exits right after aborts
+    now and then ("terminate called without an active exception", apache/arrow#33975;
+    measured here: 1–3 % of exits after pq.read_table, ~0.3 % with the pool)."""
+    parquet = pq.ParquetFile(pa.BufferReader(data))
+    missing = [c for c in columns or [] if c not in parquet.schema_arrow.names]
+    if missing:
+        raise pa.ArrowInvalid(f"no column {missing[0]!r} in the file")
+    return parquet.read(columns=columns, use_threads=False)
+
+
 class Store:
     """A GAGPO store rooted at a local path or an fsspec URL."""
 
@@ -418,11 +431,7 @@ class Store:
         kept. Transient errors are retried; FileNotFoundError and decoding errors
         (pa.ArrowException) propagate."""
 
-        def read() -> pa.Table:
-            with self.fs.open(path, "rb") as handle:
-                return pq.read_table(handle, columns=columns)
-
-        return self.retrying(f"reading {path}", read)
+        return parquet_table(self.read_bytes(path), columns)
 
     def read_bytes(self, path: str) -> bytes:
         """The bytes of a file of the store; transient errors retried."""
@@ -437,7 +446,7 @@ class Store:
         path = ref.path if isinstance(ref, ShardRef) else ref
         data = self.read_bytes(path)
         try:
-            table = pq.read_table(pa.BufferReader(data))
+            table = parquet_table(data)
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise ValidationError(f"unreadable Parquet file ({_first_line(exc)})") from None
         validate_steps(table, table.schema.metadata, vocab_size=vocab_size, latest=latest)

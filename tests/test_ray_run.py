@@ -223,6 +223,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has ended; only its parent's wait is missing
 
 
+_NATIVE_FRAME = re.compile(r"\(\+0x[0-9a-f]+\) \[0x[0-9a-f]+\]")
+
+
 class _Run:
     """`gagpo run` in a subprocess, its output collected line by line."""
 
@@ -245,9 +248,9 @@ class _Run:
             for line in list(self.lines):
                 if m := re.search(pattern, line):
                     return m
-            assert self.proc.poll() is None, self.text()[-3000:]
+            assert self.proc.poll() is None, self.tail()
             time.sleep(0.2)
-        raise AssertionError(f"no line matching {pattern!r}:\n{self.text()[-3000:]}")
+        raise AssertionError(f"no line matching {pattern!r}:\n{self.tail()}")
 
     def finish(self, timeout: float = 600) -> int:
         code = self.proc.wait(timeout=timeout)
@@ -256,6 +259,20 @@ class _Run:
 
     def text(self) -> str:
         return "\n".join(self.lines)
+
+    def tail(self, chars: int = 3000) -> str:
+        """The output's last characters for a failure message, a native backtrace's frames
+        (pyarrow's, Ray's) folded into one line so that the message above them shows."""
+        kept: list[str] = []
+        for line in self.lines:
+            if _NATIVE_FRAME.search(line):
+                if kept and kept[-1].startswith("  [native frames"):
+                    n = int(kept[-1].split()[2]) + 1
+                    kept[-1] = f"  [native frames {n}]"
+                    continue
+                line = "  [native frames 1]"
+            kept.append(line)
+        return "\n".join(kept)[-chars:]
 
     def child_pids(self) -> set[int]:
         return {int(m) for m in re.findall(r"\(ray\) started pid (\d+)", self.text())}
@@ -295,7 +312,7 @@ def test_tiny_recipe_on_a_local_ray_instance(tmp_path):
         seen |= now
         listening |= _listening(now)
         time.sleep(1.0)
-    assert run.finish() == 0, run.text()[-3000:]
+    assert run.finish() == 0, run.tail()
     out = run.text()
     _assert_trained_as_without_ray(store_dir, 3)
     assert "ray: started a local Ray instance at 127.0.0.1:" in out
@@ -356,18 +373,18 @@ def test_a_killed_actor_and_a_killed_learner_are_restarted(cluster, tmp_path):
     store = Store(str(store_dir))
     deadline = time.monotonic() + 300
     while not store.list_shards():
-        assert time.monotonic() < deadline and run.proc.poll() is None, run.text()[-3000:]
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.tail()
         time.sleep(0.2)
     ray.kill(ray.get_actor(actor_name), no_restart=False)
     restart = run.wait_for(r"^\[actor 0\] \(ray\) started pid (\d+) .*restart 1: --run-id (\S+)")
     assert int(restart.group(1)) != first_actor
     learner_pid = int(run.wait_for(r"^\[learner\] \(ray\) started pid (\d+)").group(1))
     while (store.latest_version() or 0) < 1:
-        assert time.monotonic() < deadline + 300 and run.proc.poll() is None, run.text()[-3000:]
+        assert time.monotonic() < deadline + 300 and run.proc.poll() is None, run.tail()
         time.sleep(0.2)
     os.kill(learner_pid, signal.SIGKILL)  # as a rank dying: its process exits non-zero
     run.wait_for(r"^\[learner\] \(ray\) started pid \d+ .*restart 1: --resume")
-    assert run.finish() == 0, run.text()[-3000:]
+    assert run.finish() == 0, run.tail()
     out = run.text()
     assert not _alive(first_actor)  # the child died with its Ray actor
     store = _assert_trained_as_without_ray(store_dir, 5)

@@ -85,6 +85,24 @@ def test_write_then_list_and_read_back(store: Store):
     assert back.select(list(C.STEPS_COLUMNS)).cast(C.STEPS_SCHEMA).equals(table)
 
 
+def test_read_table_keeps_metadata_reads_columns_and_names_a_missing_one(store: Store):
+    """Store.read_table decodes on the calling thread (schemas.store.parquet_table, not
+    pq.read_table, whose clean-up can abort a process exiting right after it): the same
+    table and metadata as pyarrow's own reader, only the asked columns, and a missing
+    column raises as pq.read_table does."""
+    table = make_steps(shard_id="a1")
+    ref = store.write_shard(table, group_size=3)
+    back = store.read_table(ref.path)
+    expected = pq.read_table(pa.BufferReader(store.read_bytes(ref.path)))
+    assert back.equals(expected) and back.schema.metadata == expected.schema.metadata
+    assert back.schema.metadata[C.META_SCHEMA_VERSION] == C.STEPS_SCHEMA_VERSION.encode()
+    assert store.read_table(ref.path, [C.GROUP_ID, C.STEP]).column_names == [C.GROUP_ID, C.STEP]
+    with pytest.raises(pa.ArrowInvalid, match="no column 'nope'"):
+        store.read_table(ref.path, [C.GROUP_ID, "nope"])
+    with pytest.raises(FileNotFoundError):
+        store.read_table(store.path("shards", "run=run1", "absent.parquet"))
+
+
 def test_list_filters_by_run_and_ignores_temporaries(store: Store):
     store.write_shard(make_steps(run_id="a", shard_id="s1"), group_size=3)
     store.write_shard(make_steps(run_id="b", shard_id="s2"), group_size=3)
