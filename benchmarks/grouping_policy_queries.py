@@ -30,7 +30,9 @@ from pathlib import Path
 import polars as pl
 
 from gagpo.schemas import columns as C
+from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
+from gagpo.workflows import credit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -42,15 +44,10 @@ COLUMNS = (*C.ADVANTAGE_INPUT_COLUMNS, C.ACTION_TEXT, C.ACTION_VALID, C.WON, C.E
 
 def read_steps(url: str) -> pl.DataFrame:
     """The store's committed WebShop steps, the columns the stage and the description read."""
-    store = Store(url)
-    tables = [pl.from_arrow(t.select(list(COLUMNS)))
-              for _, t in store.iter_valid_shards(store.list_shards())]  # fmt: skip
-    if not tables:
-        raise SystemExit(f"no committed shard in {url}; accepted: a store actors wrote")
-    steps = pl.concat(tables)
-    if (steps[C.ENV] != "webshop").any():
-        raise SystemExit(f"{url} holds non-WebShop steps; accepted: a store of --env webshop")
-    return steps
+    try:
+        return credit.read_steps(Store(url), "webshop", COLUMNS)
+    except GagpoError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def describe(steps: pl.DataFrame) -> dict[str, float]:

@@ -159,16 +159,17 @@ def estimators(run_estimator: EstimatorConfig | None = None) -> list[tuple[str, 
     ]
 
 
-def read_steps(store) -> pl.DataFrame:
-    """The store's committed, valid Sokoban steps (the columns the comparison needs)."""
-    tables = [pl.from_arrow(t.select(list(STEP_COLUMNS)))
+def read_steps(store, env: str = "sokoban", columns=STEP_COLUMNS) -> pl.DataFrame:
+    """The store's committed, valid steps (`columns`), all of them of `env` (the credit
+    comparison's: sokoban, whose exact solver labels the optimal moves)."""
+    tables = [pl.from_arrow(t.select(list(columns)))
               for _, t in store.iter_valid_shards(store.list_shards())]  # fmt: skip
     if not tables:
         raise GagpoError(f"no committed shard in {store.url}; accepted: a store a run wrote")
     steps = pl.concat(tables)
-    if (steps[C.ENV] != "sokoban").any():
-        raise GagpoError("credit comparison: the store holds non-sokoban steps; accepted: a "
-                         "sokoban run (its exact solver labels the optimal moves)")  # fmt: skip
+    if (steps[C.ENV] != env).any():
+        raise GagpoError(f"the store holds steps of other environments than {env}; accepted: "
+                         f"a store of --env {env} runs only")  # fmt: skip
     return steps
 
 
