@@ -616,23 +616,11 @@ def _starts(values: np.ndarray) -> np.ndarray:
 
 def components(a: np.ndarray, b: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Connected components of the graph on len(rank) nodes with edges (a, b): each
-    node's label is the node of least `rank` (distinct ints 0..n−1) in its component.
-    Min-label propagation along the edges with pointer jumping, vectorised."""
+    node's label is the node of least `rank` (distinct ints 0..n−1) in its component
+    (`_merge` of every edge, on the nodes renumbered by rank)."""
     node = np.empty(rank.shape[0], np.int64)
     node[rank] = np.arange(rank.shape[0])
-    label = rank.astype(np.int64).copy()
-    while True:
-        before = label.copy()
-        least = np.minimum(label[a], label[b])
-        np.minimum.at(label, a, least)
-        np.minimum.at(label, b, least)
-        while True:  # a label names a node of the same component with a smaller rank
-            jumped = label[node[label]]
-            if np.array_equal(jumped, label):
-                break
-            label = jumped
-        if np.array_equal(label, before):
-            return node[label]
+    return node[_merge(np.arange(rank.shape[0]), rank[a], rank[b])[rank]]
 
 
 def _merge(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
