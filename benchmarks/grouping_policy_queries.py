@@ -16,8 +16,12 @@ success, and the share of those off-search steps whose exact pool holds the visi
 one rollout only (no singleton, yet no comparison between rollouts either).
 
     gagpo-actors --store /tmp/gq/store --env webshop --policy smollm2-135m \\
-        --groups 6 --group-size 8 --max-turns 8 --seed 0 --temperature 1.0 --threads 2
+        --groups 6 --group-size 8 --max-turns 8 --seed 0 --temperature 1.0 \\
+        --history-window 0 --threads 1
     python benchmarks/grouping_policy_queries.py --store /tmp/gq/store [--json out.json]
+
+(benchmarks/RESULTS.md, "State grouping", has the warm-started policy's commands.) The
+table's `steps` column counts the steps the share is over: those after the first turn.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ def main() -> None:
         print(f"{name}: {value}")
     print("\n| env | steps | " + " | ".join(MODES) + " |")
     print("|---|---|" + "---|" * len(MODES))
-    for key, label, n in (("later", args.label, about["steps"]),
+    for key, label, n in (("later", args.label, about["later_steps"]),
                           ("off_search", f"{args.label}, off the search page",
                            about["later_off_search"])):  # fmt: skip
         cells = " | ".join(f"{100 * result[m][key]:.1f} %" for m in MODES)
