@@ -107,7 +107,7 @@ def sql_command(
     """
     if query is not None and not query.strip().strip(";").strip():
         raise GagpoError(
-            "the query is empty; accepted: SQL such as \"SELECT count(*) FROM steps\", or no "
+            'the query is empty; accepted: SQL such as "SELECT count(*) FROM steps", or no '
             "QUERY for the interactive prompt"
         )
     if fmt == "parquet" and out is None:
@@ -178,7 +178,9 @@ def report_command(
     console = Console(stderr=True)
     columns = (TextColumn("[bold]report"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.description}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+    with Progress(
+        *columns, console=console, transient=True, disable=not console.is_terminal
+    ) as bar:
         task = bar.add_task("opening stores", total=len(store_urls) + PARTS)
 
         def progress(done: str) -> None:

@@ -15,14 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gagpo.pipeline import compute_advantages, diagnostics, parse_estimator_config
-from gagpo.pipeline.grouping import (
-    band_rows,
-    canonical_keys,
-    components,
-    parse_grouping,
-    similarity,
-    sketches,
-)
+from gagpo.pipeline.grouping import canonical_keys, parse_grouping
+from gagpo.pipeline.minhash import band_rows, fingerprints, similarity, sketches
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 
@@ -348,14 +342,6 @@ def _jaccard(a: str, b: str) -> float:
     return len(sa & sb) / len(sa | sb)
 
 
-def test_components_label_each_node_with_its_least_ranked_member():
-    a, b = np.array([0, 2, 3, 5]), np.array([1, 1, 4, 6])
-    rank = np.array([6, 5, 4, 3, 2, 1, 0])  # node 6 has the least rank
-    assert components(a, b, rank).tolist() == [2, 2, 2, 4, 4, 6, 6]
-    chain = np.arange(99)
-    assert (components(chain, chain + 1, np.arange(100)) == 0).all()
-
-
 def noisy_groups(seed: int) -> pl.DataFrame:
     """Observation-like keys with counters and small edits, rollouts of 1–6 steps."""
     rng = random.Random(seed)
@@ -543,7 +529,7 @@ def test_report_shows_singleton_share_and_pool_sizes_per_mode():
 def test_fast_canonical_keys_equal_the_regex_rule():
     """normalized's byte path equals canonical_keys (the Polars regexes) string for string,
     ASCII whitespace and digits of every kind, non-ASCII keys, nulls and a sliced series."""
-    from gagpo.pipeline.grouping import canonical_keys_fast
+    from gagpo.pipeline.canonical import canonical_keys_fast
 
     rng = random.Random(3)
     alphabet = "aB9 \t\n\x0b\x0c\r\x1c07Zz#é١\u00a0\u2003x"
@@ -558,7 +544,7 @@ def test_fast_canonical_keys_equal_the_regex_rule():
 
 def test_minhash_blocks_of_groups_give_the_single_pass_result(monkeypatch):
     """minhash works over blocks of whole groups; tiny blocks change nothing."""
-    import gagpo.pipeline.grouping as grouping
+    import gagpo.pipeline.minhash as minhash
     from gagpo.pipeline.grouping import group_states
 
     rng = random.Random(5)
@@ -569,53 +555,92 @@ def test_minhash_blocks_of_groups_give_the_single_pass_result(monkeypatch):
     queries = pl.Series([" ".join(rng.choice(words) for _ in range(6)) for _ in range(50)])
     mode = parse_grouping("minhash:0.5")
     whole = group_states(mode, gid, keys, q_gid, queries)
-    monkeypatch.setattr(grouping, "_BLOCK_KEYS", 7)
+    monkeypatch.setattr(minhash, "_BLOCK_KEYS", 7)
     blocks = group_states(mode, gid, keys, q_gid, queries)
     assert (blocks.pool == whole.pool).all() and (blocks.query_pool == whole.query_pool).all()
     assert blocks.label().to_list() == whole.label().to_list()
 
 
-def test_minhash_fast_paths_equal_their_reference(monkeypatch):
-    """The verification's equal-byte bound and bit counts decide as `similarity` does, and
-    sketches hashed in small chunks of keys equal one pass (short and empty keys too)."""
-    import gagpo.pipeline.grouping as grouping
+def _sketch_reference(key: str) -> list[int]:
+    """A sketch by its definition (pipeline/minhash.py), in plain Python."""
+    data = key.encode()
+    if len(data) < 4:  # one shingle: the bytes, and the length + 1 above them
+        shingles = [int.from_bytes(data, "little") | (len(data) + 1) << 32]
+    else:
+        shingles = [int.from_bytes(data[i : i + 4], "little") for i in range(len(data) - 3)]
+    row = [0xFFFFFFFF] * 64
+    for x in shingles:
+        h = ((x * 0x9E3779B97F4A7C15) % 2**64 >> 32) & 0xFFFFFFFE
+        row[h >> 26] = min(row[h >> 26], h)
+    return row
 
+
+def _fnv1a(key: str) -> int:
+    h = 0xCBF29CE484222325
+    for byte in key.encode():
+        h = ((h ^ byte) * 0x100000001B3) % 2**64
+    return h
+
+
+def test_sketches_and_fingerprints_equal_their_definition():
+    """Short, empty and non-ASCII keys included; blocks of keys sketch as one pass."""
     rng = random.Random(9)
-    words = ["red", "blue", "box", "door", "key", "a", "", "turn 12", "é"]
-    keys = pl.Series([" ".join(rng.choice(words) for _ in range(rng.randrange(0, 12)))
-                      for _ in range(300)])  # fmt: skip
-    whole = sketches(keys)
-    monkeypatch.setattr(grouping, "_CHUNK_BYTES", 16)
-    assert (sketches(keys) == whole).all()
-    summary = grouping._summary(whole)
-    a = np.array([rng.randrange(300) for _ in range(3000)])
-    b = np.array([rng.randrange(300) for _ in range(3000)])
-    reference = similarity(whole[a], whole[b])
-    for tau in (0.3, 0.6, 0.8, 1.0):
-        ok, score = grouping._verify(summary, summary, a, b, tau)
-        assert ok.tolist() == np.flatnonzero(reference >= tau).tolist()
-        np.testing.assert_array_equal(score, reference[ok])
+    words = ["red", "blue", "box", "door", "key", "a", "", "turn 12", "é", "日本"]
+    keys = [" ".join(rng.choice(words) for _ in range(rng.randrange(0, 12))) for _ in range(300)]
+    got = sketches(pl.Series(keys))
+    assert got.tolist() == [_sketch_reference(k) for k in keys]
+    assert fingerprints(pl.Series(keys)).tolist() == [_fnv1a(k) for k in keys]
+    assert (sketches(pl.Series(keys[100:])) == got[100:]).all()  # an offset slice
+
+
+def test_bucket_hashes_are_equal_exactly_where_bands_are():
+    """Two keys share a band's bucket when the band's bins are equal (and never a bucket
+    of empty bins: those bands are flagged)."""
+    from gagpo.pipeline.minhash import EMPTY, bucket_hashes
+
+    rng = np.random.default_rng(2)
+    sketch = rng.integers(0, 5, size=(200, 64)).astype(np.uint32) * np.uint32(7919)
+    sketch[rng.random((200, 64)) < 0.3] = EMPTY
+    sketch[50:60, :16] = EMPTY  # whole empty bands
+    for rows in (1, 2, 4, 8):
+        bucket, empty = bucket_hashes(sketch, rows)
+        bands = sketch.reshape(200, 64 // rows, rows)
+        assert (empty == (bands == EMPTY).all(axis=2).T).all()
+        for j in range(64 // rows):
+            same_bins = (bands[:, None, j] == bands[None, :, j]).all(axis=2)
+            assert ((bucket[j][:, None] == bucket[j][None, :]) == same_bins).all()
 
 
 def _minhash_reference(gid, keys, q_gid, queries, tau):
     """minhash:τ by its definition, in plain Python: per group, band and LSH bucket the
-    least key in string order is the head; every key is linked to the heads of its
+    key of least fingerprint is the head; every key is linked to the heads of its
     non-empty bands when the estimated Jaccard is >= τ; pools are the connected
-    components. A query is compared with every key of its group that shares one of its
-    buckets; the best (highest estimate, then the component of least key) is its pool.
-    Returns each key's component (its least key) and each query's (None if none)."""
-    import gagpo.pipeline.grouping as grouping
-
+    components, labelled by their smallest key. A query is compared with every key of
+    its group that shares one of its buckets; the best (highest estimate, then the
+    component whose least-fingerprint key has the least fingerprint) is its pool.
+    Returns each key's label (index of its component's smallest key) and each query's
+    (None if none)."""
     rows = band_rows(tau)
-    sketch = sketches(pl.Series(keys))
-    bucket, empty = grouping._bucket_hashes(grouping._summary(sketch), np.asarray(gid), rows)
-    q_sketch = sketches(pl.Series(queries))
-    q_bucket, _ = grouping._bucket_hashes(grouping._summary(q_sketch), np.asarray(q_gid), rows)
+    sketch = [_sketch_reference(k) for k in keys]
+    q_sketch = [_sketch_reference(q) for q in queries]
+    fp = [_fnv1a(k) for k in keys]
+
+    def band(s, j):
+        return tuple(s[j * rows : (j + 1) * rows])
+
+    def live(s, j):
+        return any(b != 0xFFFFFFFF for b in band(s, j))
+
+    def sim(a, b):
+        either = sum(x != 0xFFFFFFFF or y != 0xFFFFFFFF for x, y in zip(a, b, strict=True))
+        both = sum(x == y != 0xFFFFFFFF for x, y in zip(a, b, strict=True))
+        return both / max(either, 1)
+
     heads = {}
-    for k in sorted(range(len(keys)), key=lambda k: keys[k]):
-        for band in range(bucket.shape[1]):
-            if not empty[k, band]:
-                heads.setdefault((gid[k], band, int(bucket[k, band])), k)
+    for k in sorted(range(len(keys)), key=lambda k: fp[k]):
+        for j in range(64 // rows):
+            if live(sketch[k], j):
+                heads.setdefault((gid[k], j, band(sketch[k], j)), k)
     parent = list(range(len(keys)))
 
     def root(k):
@@ -623,56 +648,63 @@ def _minhash_reference(gid, keys, q_gid, queries, tau):
             k = parent[k]
         return k
 
-    for (g, band, b), head in heads.items():
-        for k in range(len(keys)):
-            linked = gid[k] == g and not empty[k, band] and int(bucket[k, band]) == b
-            if linked and k != head and similarity(sketch[[k]], sketch[[head]])[0] >= tau:
+    for k in range(len(keys)):
+        for j in range(64 // rows):
+            head = heads.get((gid[k], j, band(sketch[k], j)))
+            if live(sketch[k], j) and head != k and sim(sketch[k], sketch[head]) >= tau:
                 parent[root(k)] = root(head)
     members = {}
     for k in range(len(keys)):
         members.setdefault(root(k), []).append(k)
-    least = {r: min(ks, key=lambda k: keys[k]) for r, ks in members.items()}
-    label = [least[root(k)] for k in range(len(keys))]
+    label = [min(members[root(k)], key=lambda m: keys[m]) for k in range(len(keys))]
+    first = [min(members[root(k)], key=lambda m: fp[m]) for k in range(len(keys))]
     found = []
     for q in range(len(queries)):
         best = None
         for k in range(len(keys)):
             share = any(
-                not empty[k, band] and bucket[k, band] == q_bucket[q, band]
-                for band in range(bucket.shape[1])
+                live(sketch[k], j) and band(sketch[k], j) == band(q_sketch[q], j)
+                for j in range(64 // rows)
             )
-            if gid[k] != q_gid[q] or not share:
+            score = sim(q_sketch[q], sketch[k])
+            if gid[k] != q_gid[q] or not share or score < tau:
                 continue
-            score = similarity(q_sketch[[q]], sketch[[k]])[0]
-            if score >= tau and (best is None or (-score, keys[label[k]]) < best[0]):
-                best = ((-score, keys[label[k]]), label[k])
+            if best is None or (-score, fp[first[k]]) < best[0]:
+                best = ((-score, fp[first[k]]), label[k])
         found.append(None if best is None else best[1])
     return label, found
 
 
-@pytest.mark.parametrize("tau", [0.5, 0.6, 0.8])
-def test_minhash_equals_its_definition_in_plain_python(tau, monkeypatch):
-    """The bucket-head table, the phases of bands, the merging of components and the
-    queries' pruned comparisons give what the definition gives, with one block or many."""
-    import gagpo.pipeline.grouping as grouping
-    from gagpo.pipeline.grouping import group_states
-
-    rng = random.Random(int(tau * 10))
+def _words_groups(rng: random.Random, groups: int, most: int):
     words = ["red", "blue", "box", "door", "key", "turn 1", "turn 2", "open"]
     gid, keys = [], []
-    for g in range(12):
+    for g in range(groups):
         seen = set()
-        for _ in range(rng.randrange(1, 30)):
+        for _ in range(rng.randrange(1, most)):
             text = " ".join(rng.choice(words) for _ in range(rng.randrange(1, 7)))
             if text not in seen:
                 seen.add(text)
                 gid.append(g)
                 keys.append(text)
-    q_gid = [rng.randrange(12) for _ in range(40)]
+    q_gid = [rng.randrange(groups) for _ in range(40)]
     queries = [" ".join(rng.choice(words) for _ in range(rng.randrange(1, 7))) for _ in q_gid]
+    return gid, keys, q_gid, queries
+
+
+@pytest.mark.parametrize("tau", [0.5, 0.6, 0.8])
+@pytest.mark.parametrize("most", [30, 400])
+def test_minhash_equals_its_definition_in_plain_python(tau, most, monkeypatch):
+    """The bucket-head tables, the skipped links and bands, the union-find and the
+    queries give what the definition gives, with one block or many, in small groups and
+    in large ones (crowded head tables)."""
+    import gagpo.pipeline.minhash as minhash
+    from gagpo.pipeline.grouping import group_states
+
+    rng = random.Random(int(tau * 10) + most)
+    gid, keys, q_gid, queries = _words_groups(rng, 12 if most < 100 else 3, most)
     label, found = _minhash_reference(gid, keys, q_gid, queries, tau)
     for block in (4096, 5):
-        monkeypatch.setattr(grouping, "_BLOCK_KEYS", block)
+        monkeypatch.setattr(minhash, "_BLOCK_KEYS", block)
         pools = group_states(
             parse_grouping(f"minhash:{tau}"), np.array(gid), pl.Series(keys),
             np.array(q_gid), pl.Series(queries),
@@ -684,40 +716,22 @@ def test_minhash_equals_its_definition_in_plain_python(tau, monkeypatch):
         ]
 
 
-def test_heads_in_a_crowded_table_equal_a_sort():
-    """Buckets that meet in one slot of the head table fall back to a sort: the same
-    least key per bucket however small the table."""
-    import gagpo.pipeline.grouping as grouping
+def test_minhash_without_numba_says_what_to_install(monkeypatch):
+    from gagpo.pipeline.grouping import group_states
 
-    rng = np.random.default_rng(3)
-    bucket = rng.integers(0, 9, size=(200, 4)).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    bucket += np.arange(4, dtype=np.uint64) << np.uint64(60)  # buckets never cross bands
-    empty = rng.random((200, 4)) < 0.1
-    expected = np.empty((200, 4), np.int64)
-    for band in range(4):
-        for k in range(200):
-            same = np.flatnonzero((bucket[:, band] == bucket[k, band]) & ~empty[:, band])
-            expected[k, band] = k if empty[k, band] else same[0]
-    for size in (2, 16, 1 << 12):
-        table = np.full(size + 1, grouping._NO_KEY, np.int32)  # and the empty bands' slot
-        assert (grouping._heads(bucket, empty, table) == expected).all()
-        assert (table == grouping._NO_KEY).all()  # left as found
-
-
-def test_merging_edges_in_batches_equals_components_of_all():
-    from gagpo.pipeline.grouping import _merge
-
-    rng = np.random.default_rng(4)
-    a, b = rng.integers(0, 300, 250), rng.integers(0, 300, 250)
-    label = np.arange(300)
-    for part in np.array_split(np.arange(250), 5):
-        label = _merge(label, a[part], b[part])
-    assert (label == components(a, b, np.arange(300))).all()
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
+    monkeypatch.delitem(sys.modules, "gagpo.pipeline.minhash", raising=False)
+    with pytest.raises(GagpoError, match=r"minhash need numba.*pip install"):
+        group_states(
+            parse_grouping("minhash:0.8"), np.array([0, 0]), pl.Series(["a b", "a c"]),
+            np.array([], np.int64), pl.Series([], dtype=pl.String),
+        )  # fmt: skip
 
 
 def test_minhash_orders_keys_the_same_whether_or_not_groups_come_sorted():
-    """_minhash sorts keys within groups when the groups come in order (as exact pools
-    do) and by (group, key) otherwise: the same components and query pools either way."""
+    """_minhash takes keys group by group as they come when the groups come in order (as
+    exact pools do) and sorts them by group otherwise: the same components and query
+    pools either way."""
     import gagpo.pipeline.grouping as grouping
 
     rng = random.Random(11)
