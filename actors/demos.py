@@ -15,11 +15,16 @@ distribution, so demonstration shards are for `--mode sft`, not for the RL objec
 Noise: with probability p a turn plays a uniformly random admissible command instead of
 the expert's; at the next turn the expert replans from the state reached where the
 environment offers `replan()` (sokoban, household), and otherwise continues its plan.
+An admissible entry with a `<placeholder>` is a template, not a command (WebShop's search
+page lists `search[<your query>]`): noise never plays one, and a turn whose list holds only
+templates follows the plan (played literally, a template would teach a warm-started
+policy to search for "<your query>").
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 
 from gagpo.actors.envs.base import Environment
@@ -29,6 +34,12 @@ META_SOURCE = b"gagpo.source"
 DEMONSTRATION = b"demonstration"
 DEMO_METADATA = {META_SOURCE: DEMONSTRATION}
 FALLBACK_COMMAND = "look"  # played when the plan ran out and no admissible list exists
+_TEMPLATE = re.compile(r"<[^<>]+>")  # a placeholder to fill: `search[<your query>]`
+
+
+def playable(admissible: tuple[str, ...] | None) -> list[str]:
+    """The admissible commands that are commands, not templates with a placeholder."""
+    return [a for a in admissible or () if not _TEMPLATE.search(a)]
 
 
 def encode_reply(policy, text: str) -> list[int]:
@@ -64,12 +75,13 @@ class Expert:
             if fresh is not None:
                 plan.commands = list(fresh)
             plan.replan_due = False
-        if admissible and self.noise > 0 and self.rng.random() < self.noise:
+        commands = playable(admissible)
+        if commands and self.noise > 0 and self.rng.random() < self.noise:
             plan.replan_due = True
-            return self.rng.choice(list(admissible))
+            return self.rng.choice(commands)
         if plan.commands:
             return plan.commands.pop(0)
-        return self.rng.choice(list(admissible)) if admissible else FALLBACK_COMMAND
+        return self.rng.choice(commands) if commands else FALLBACK_COMMAND
 
     def __call__(
         self, envs: list[Environment], admissible: list[tuple[str, ...] | None]

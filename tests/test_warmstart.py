@@ -97,6 +97,33 @@ def test_expert_wins_and_replans_after_noise(env_name, noise):
         assert wins >= 0.8 * rollouts
 
 
+def test_noisy_expert_never_plays_a_template_and_searches_its_own_query():
+    """WebShop's search page lists only `search[<your query>]`, a template: a noisy turn
+    there follows the plan (the expert's real query); elsewhere noise plays commands."""
+    from gagpo.actors.demos import playable
+
+    assert playable(("search[<your query>]",)) == []
+    assert playable(("click[back to search]", "search[<q>]")) == ["click[back to search]"]
+    assert playable(None) == []
+    env, rng = make_env("webshop", 15), random.Random(1)
+    noisy = 0
+    for seed in range(20):
+        expert = Expert(_Tokenizing(), noise=1.0, rng=rng)  # one per group, as actors make
+        admissible = env.reset(seed).admissible
+        plan = env.expert_plan()
+        assert admissible == ("search[<your query>]",)
+        assert expert.choose(env, admissible) == plan[0]  # the real query, not the template
+        step = env.step(plan[0])
+        for _ in range(5):  # noise 1: every later turn plays a listed command
+            if step.done:
+                break
+            command = expert.choose(env, step.admissible)
+            assert command in playable(step.admissible) or command in plan
+            noisy += command in playable(step.admissible)
+            step = env.step(command)
+    assert noisy >= 50
+
+
 # --- demonstrations → SFT → a better policy -------------------------------------------------
 
 
