@@ -19,10 +19,10 @@ those of its group that share one of its buckets (estimate >= τ; ties to the co
 whose least-fingerprint key has the least fingerprint), or NO_POOL.
 
 Nothing depends on row order: sketches, fingerprints and links depend only on the strings
-and their groups. (Two keys of equal fingerprint are, but for a 2^-64 collision, equal
-sketches, which share every bucket and are always linked: which one heads changes no
-component.) `merged[k]` is the key of least fingerprint in k's component, `found[q]`
-that of q's component; grouping.py labels each pool by its smallest key in string order.
+and their groups (the distinct keys of a group have distinct fingerprints but for a 2^-64
+collision, where the lesser index breaks the tie). `merged[k]` is the key of least
+fingerprint in k's component, `found[q]` that of q's component; grouping.py labels each
+pool by its smallest key in string order.
 
 The work runs over blocks of whole groups of about _BLOCK_KEYS keys on a thread per core
 (the kernels release the GIL; each block writes only its own keys and queries). Per group
