@@ -223,7 +223,8 @@ def group_states(
     elif grouping.mode == "similar":
         merged, found = _similar(key, key_gid, first, grouping.threshold, *queries)
     else:
-        merged, found = _minhash(key, key_gid, grouping.threshold, *queries)
+        pools = _compiled("minhash").minhash_pools
+        merged, found = pools(key, key_gid, grouping.threshold, *queries)
     query_pool = query_pool.copy()
     query_pool[missing] = found
     pool, query_pool, new_pool = _relabel(merged, pool, query_pool)
@@ -333,17 +334,6 @@ def utf8_buffers(keys: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.frombuffer(offsets, np.int64)[arrow.offset : arrow.offset + len(arrow) + 1]
     data = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
     return data, offsets
-
-
-def _minhash(
-    key: pl.Series,
-    key_gid: np.ndarray,
-    tau: float,
-    query_key: pl.Series,
-    query_gid: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """pipeline/minhash.py's pools."""
-    return _compiled("minhash").minhash_pools(key, key_gid, tau, query_key, query_gid)
 
 
 def _compiled(name: str):

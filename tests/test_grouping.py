@@ -729,10 +729,10 @@ def test_minhash_without_numba_says_what_to_install(monkeypatch):
 
 
 def test_minhash_orders_keys_the_same_whether_or_not_groups_come_sorted():
-    """_minhash takes keys group by group as they come when the groups come in order (as
+    """minhash_pools takes keys group by group as they come when the groups come in order (as
     exact pools do) and sorts them by group otherwise: the same components and query
     pools either way."""
-    import gagpo.pipeline.grouping as grouping
+    import gagpo.pipeline.minhash as minhash
 
     rng = random.Random(11)
     words = ["red", "blue", "box", "door", "key", "turn 1", "turn 2", "open"]
@@ -740,9 +740,9 @@ def test_minhash_orders_keys_the_same_whether_or_not_groups_come_sorted():
     keys = [" ".join(rng.choice(words) for _ in range(5)) + f" {i}" for i in range(120)]
     q_gid = np.array([rng.randrange(6) for _ in range(20)])
     queries = pl.Series([" ".join(rng.choice(words) for _ in range(5)) for _ in q_gid])
-    merged, found = grouping._minhash(pl.Series(keys), gid, 0.5, queries, q_gid)
+    merged, found = minhash.minhash_pools(pl.Series(keys), gid, 0.5, queries, q_gid)
     perm = np.random.default_rng(0).permutation(120)
-    merged_p, found_p = grouping._minhash(
+    merged_p, found_p = minhash.minhash_pools(
         pl.Series(keys).gather(perm), gid[perm], 0.5, queries, q_gid
     )
     assert [keys[perm[m]] for m in merged_p] == [keys[m] for m in merged[perm]]
