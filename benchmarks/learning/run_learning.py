@@ -106,9 +106,9 @@ def measure(store: str | Path, env: str = "") -> dict:
     extra = {}
     heldout = Path(store) / "eval" / "heldout.parquet"
     if heldout.is_file():
-        import pyarrow.parquet as pq
+        from gagpo.schemas.store import parquet_table  # not pq.read_table (its doc)
 
-        table = pq.read_table(heldout).to_pydict()
+        table = parquet_table(heldout.read_bytes()).to_pydict()
         at = dict(zip([r["version"] for r in rows], steps, strict=True))
         extra["heldout"] = {
             "versions": table["policy_version"],
