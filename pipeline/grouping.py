@@ -41,7 +41,7 @@ minhash:τ
     they estimate a Jaccard similarity ≥ τ; pools are the connected components of the
     links. Nothing depends on row order (the sketches, fingerprints and links depend
     only on the strings and their groups), so a shuffled batch gets the same pools. It
-    runs on one key per exact pool, over blocks of whole groups on a thread per core; a
+    runs on one key per exact pool, over blocks of whole groups on Polars' thread count; a
     link is verified only across components of a union-find, and a group already one
     component skips its remaining bands (the same components).
 

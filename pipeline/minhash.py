@@ -24,18 +24,17 @@ collision, where the lesser index breaks the tie). `merged[k]` is the key of lea
 fingerprint in k's component, `found[q]` that of q's component; grouping.py labels each
 pool by its smallest key in string order.
 
-The work runs over blocks of whole groups of about _BLOCK_KEYS keys on a thread per core
-(the kernels release the GIL; each block writes only its own keys and queries). Per group
-and band, the heads come from an open-addressing table; a link is verified only when a
-union-find has its ends in different components (a link inside one changes none), and a
-group that is already one component skips its remaining bands. numba compiles the kernels
-on first use (a few seconds, cached on disk per machine); grouping.py imports this
-module only for this mode.
+The work runs over blocks of whole groups of about _BLOCK_KEYS keys on as many threads as
+Polars uses (the kernels release the GIL; each block writes only its own keys and
+queries). Per group and band, the heads come from an open-addressing table; a link is
+verified only when a union-find has its ends in different components (a link inside one
+changes none), and a group that is already one component skips its remaining bands.
+numba compiles the kernels on first use (a few seconds, cached on disk per machine);
+grouping.py imports this module only for this mode.
 """
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -336,7 +335,8 @@ def minhash_pools(
         q_idx = q_order[q_lo:q_hi]
         found[q_idx] = np.where(q_found == NO_POOL, NO_POOL, idx[np.maximum(q_found, 0)])
 
-    with ThreadPoolExecutor(min(os.cpu_count() or 1, len(cuts))) as pool:
+    # as many threads as Polars' pool (POLARS_MAX_THREADS caps both)
+    with ThreadPoolExecutor(min(pl.thread_pool_size(), len(cuts))) as pool:
         list(pool.map(block, cuts, [*cuts[1:], n]))
     return merged.astype(INDEX), found
 
