@@ -184,11 +184,11 @@ def _first_rows(pool: np.ndarray) -> np.ndarray:
 def _relabel(merged: np.ndarray, pool: np.ndarray, query_pool: np.ndarray):
     """Rows and queries through `merged` (exact pool → the representative exact pool of
     its merged pool, which is its own representative), with dense ids again, in the order
-    of the representatives; and each exact pool's new id."""
+    of the representatives; each exact pool's new id; and each new id's representative."""
     is_rep = merged == np.arange(merged.shape[0])
     dense = (np.cumsum(is_rep, dtype=np.int64) - 1)[merged].astype(INDEX)
     query = np.where(query_pool == NO_POOL, NO_POOL, dense[np.maximum(query_pool, 0)])
-    return dense[pool], query.astype(INDEX), dense
+    return dense[pool], query.astype(INDEX), dense, np.flatnonzero(is_rep)
 
 
 def _least_keys(new_pool: np.ndarray, key: pl.Series) -> np.ndarray:
@@ -227,10 +227,9 @@ def group_states(
         merged, found = pools(key, key_gid, grouping.threshold, *queries)
     query_pool = query_pool.copy()
     query_pool[missing] = found
-    pool, query_pool, new_pool = _relabel(merged, pool, query_pool)
+    pool, query_pool, new_pool, reps = _relabel(merged, pool, query_pool)
     if grouping.mode == "minhash":  # labelled by its smallest key, not its representative
         return Pools(pool, query_pool, key, lambda: _least_keys(new_pool, key))
-    reps = np.flatnonzero(merged == np.arange(merged.shape[0]))  # in new-id order
     return Pools(pool, query_pool, key, lambda: reps)
 
 
@@ -319,7 +318,7 @@ def _first_fit(text: str, reps: list[tuple[int, SequenceMatcher]], tau: float) -
     return None
 
 
-# --- minhash:τ (ours: pipeline/minhash.py) ------------------------------------------
+# --- the compiled modes (pipeline/canonical.py, pipeline/minhash.py) ---------------
 
 
 def utf8_buffers(keys: pl.Series) -> tuple[np.ndarray, np.ndarray]:
