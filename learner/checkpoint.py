@@ -6,7 +6,8 @@ discarded). Just before the version's policy folder, the learner writes its stat
 
     learner/checkpoints/v<N>/  trainer.pt        optimiser, scheduler, RNG states (tensors and
                                                  plain types only: loaded with weights_only=True)
-                               ledger.parquet    the ledger as it stood after this update
+                               ledger.parquet    the ledger's tail as it stood after this update
+                                                 (rows of compacted groups are in archive/ledger/)
                                state.json        update, version, lineage ids (see below)
                                trainable.safetensors   only when the published weights are not
                                                  the trained parameters (LoRA: the adapters)
@@ -53,6 +54,7 @@ from gagpo.learner.publish import (
     put_folder,
     remove_folder,
 )
+from gagpo.schemas.archive import archived_ledger
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import LEARNER, Store, parquet_table
 
@@ -245,7 +247,9 @@ def _restore(store: Store, version: int, model, optimizer, scheduler) -> tuple[H
             weights = _published_weights(store, version, cache)
         trainer = torch.load(folder / "trainer.pt", weights_only=True)
         restore(model, optimizer, scheduler, weights, trainer, where=remote)
-        ledger = Ledger(parquet_table((folder / "ledger.parquet").read_bytes()))
+        # the tail as it stood after this update; the archive holds the compacted rows
+        tail = parquet_table((folder / "ledger.parquet").read_bytes())
+        ledger = Ledger(tail, archived_ledger(store))
     return Head(state["update"], version, state["id"]), ledger
 
 

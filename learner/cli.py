@@ -67,6 +67,8 @@ EXIT_STOPPED_EARLY = 3  # the data ran out (idle-timeout, replay read) before `u
 )
 @click.option("--idle-timeout", "idle_timeout_s", type=float, help=field_help(L, "idle_timeout_s"))
 @click.option("--replay", metavar="STORE", help=field_help(L, "replay"))
+@click.option("--as-of-update", "replay_as_of_update", type=int, metavar="U",
+              help=field_help(L, "replay_as_of_update"))  # fmt: skip
 @click.option("--resume", is_flag=True, default=None, help=field_help(L, "resume"))
 @click.option("--lora", is_flag=True, default=None, help=field_help(LoraSettings, "enabled"))
 @click.option("--lora-rank", type=int, help=field_help(LoraSettings, "rank"))

@@ -62,6 +62,23 @@ class LoraSettings(Config):
     """Publish full merged weights (any loader), or a PEFT-format adapter folder beside the base config."""
 
 
+class CompactionSettings(Config):
+    """Background compaction of consumed shards into archive segments (docs/store.md)."""
+
+    every_updates: int = Field(50, ge=0, le=10**9)
+    """Compact after this many updates since the last compaction; 0: only by size (or never,
+    with min_mib = 0 too)."""
+    min_mib: float = Field(64.0, ge=0.0, le=1e6)
+    """Or sooner, once the consumed shards still in the inbox hold this many MiB; 0: only by
+    updates."""
+    segment_mib: float = Field(128.0, gt=0.0, le=1e6)
+    """Target size of a segment file; the newest segment grows until it reaches it."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_updates > 0 or self.min_mib > 0
+
+
 class LearnerConfig(Config):
     """`gagpo-learner`: train on committed shards with the GAGPO objective and publish versions."""
 
@@ -129,7 +146,13 @@ class LearnerConfig(Config):
     idle_timeout_s: float | None = Field(None, gt=0.0)
     """Stop (after a final checkpoint) when no usable data arrived for this long; default: wait forever."""
     replay: str | None = None
-    """Train offline on the shards of this store (read only; no waiting, no staleness drop)."""
+    """Train offline on the steps of this store, archive and inbox (read only; no waiting,
+    no staleness drop)."""
+    replay_as_of_update: int | None = Field(None, ge=0)
+    """With replay: only the groups the replayed store's learner trained in updates up to
+    this one, batched in the order it trained them (replay a run exactly)."""
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    """When the learner compacts consumed shards into the archive, in the background."""
     resume: bool = False
     """Continue the lineage from the version policy/LATEST names, with its own weights, optimiser and ledger."""
     precision: Literal["fp32", "bf16"] = "fp32"
@@ -172,6 +195,12 @@ class LearnerConfig(Config):
                 f"must not exceed batch_groups ({groups}): each optimiser step needs a group"
             )
         return value
+
+    @model_validator(mode="after")
+    def _as_of_needs_replay(self) -> LearnerConfig:
+        if self.replay_as_of_update is not None and self.replay is None:
+            raise ValueError("replay_as_of_update needs replay; accepted: --replay STORE with it")
+        return self
 
     @model_validator(mode="after")
     def _fsdp_without_lora(self) -> LearnerConfig:

@@ -35,21 +35,10 @@ from gagpo.schemas.validate import check_group_owners
 
 LEDGER_FILE = LEDGER
 TRAINED, STALE = "trained", "stale"
-# Column names of the ledger table, one row per consumed group.
-UPDATE, STATUS, LEARNER_VERSION = "update", "status", "learner_version"
+# Column names of the ledger table, one row per consumed group (schemas/columns.py).
+UPDATE, STATUS, LEARNER_VERSION = C.LEDGER_UPDATE, C.LEDGER_STATUS, C.LEDGER_LEARNER_VERSION
 SHARD_GROUPS = C.SHARD_GROUPS
-LEDGER_SCHEMA = pa.schema(
-    [
-        pa.field(C.RUN_ID, pa.string(), nullable=False),
-        pa.field(C.SHARD_ID, pa.string(), nullable=False),
-        pa.field(C.GROUP_ID, pa.string(), nullable=False),
-        pa.field(SHARD_GROUPS, pa.int64(), nullable=False),
-        pa.field(C.POLICY_VERSION, pa.int64(), nullable=False),
-        pa.field(UPDATE, pa.int64(), nullable=False),
-        pa.field(LEARNER_VERSION, pa.int64(), nullable=False),
-        pa.field(STATUS, pa.string(), nullable=False),
-    ]
-)
+LEDGER_SCHEMA = C.LEDGER_SCHEMA
 # Columns of a training batch: one row per action (agent turn).
 BATCH_COLUMNS = (
     C.SHARD_ID,
@@ -83,6 +72,11 @@ class GroupRef:
     policy_version: int
     shard_groups: int
     committed_at: float  # seconds since the epoch when its shard became visible
+    source: str = ""  # the file it was read from, when not its shard (an archive segment)
+
+    @property
+    def frame(self) -> str:
+        return self.source or self.shard_id
 
 
 @dataclass
@@ -93,19 +87,31 @@ class Batch:
 
 
 class Ledger:
-    """Which groups were consumed, by which update; see the module docstring."""
+    """Which groups were consumed, by which update; see the module docstring.
 
-    def __init__(self, table: pa.Table | None = None) -> None:
+    Rows of compacted groups live in the archive (schemas/archive.py); `table()` and
+    `commit` hold only the tail, the rows of groups still in the inbox."""
+
+    def __init__(self, table: pa.Table | None = None, archived: pa.Table | None = None) -> None:
         self.rows: dict[str, dict] = {}
+        self._archived: set[str] = set()  # group ids whose rows the archive holds
         self._per_shard: dict[str, int] = {}
         self._shard_size: dict[str, int] = {}
-        for row in (table if table is not None else LEDGER_SCHEMA.empty_table()).to_pylist():
+        for row in (archived.to_pylist() if archived is not None else []):
             self._add(row)
+            self._archived.add(row[C.GROUP_ID])
+        for row in (table if table is not None else LEDGER_SCHEMA.empty_table()).to_pylist():
+            if row[C.GROUP_ID] not in self._archived:  # a tail written before its compaction
+                self._add(row)
 
     @classmethod
     def load(cls, store: Store) -> Ledger:
+        """The store's ledger: the archive's rows and the learner's tail."""
+        from gagpo.schemas.archive import archived_ledger
+
         path = store.path(LEARNER, LEDGER_FILE)
-        return cls(store.read_table(path)) if store.exists(path) else cls()
+        tail = store.read_table(path) if store.exists(path) else None
+        return cls(tail, archived_ledger(store))
 
     def _add(self, row: dict) -> None:
         if row[C.GROUP_ID] in self.rows:
@@ -130,6 +136,11 @@ class Ledger:
                 }
             )
 
+    def archive(self, group_ids: set[str]) -> None:
+        """Mark the rows of `group_ids` as held by the archive (a compaction committed them):
+        the next commit leaves them out of the tail."""
+        self._archived |= group_ids & self.rows.keys()
+
     def __contains__(self, group_id: str) -> bool:
         return group_id in self.rows
 
@@ -137,11 +148,22 @@ class Ledger:
         return self._per_shard.get(shard_id, 0) >= self._shard_size.get(shard_id, 1 << 62)
 
     def truncated(self, update: int) -> Ledger:
-        """The ledger as it stood after `update` (resume from a checkpoint of that update)."""
+        """The ledger as it stood after `update` (resume from a checkpoint of that update).
+        Archived rows stay: a compaction archives only published updates."""
         table = self.table()
-        return Ledger(table.filter(pc.less_equal(table[UPDATE], update)))
+        return Ledger(table.filter(pc.less_equal(table[UPDATE], update)), self.archived_table())
 
     def table(self) -> pa.Table:
+        """The tail: rows of groups the archive does not hold."""
+        rows = [r for g, r in self.rows.items() if g not in self._archived]
+        return pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA)
+
+    def archived_table(self) -> pa.Table:
+        rows = [r for g, r in self.rows.items() if g in self._archived]
+        return pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA)
+
+    def full_table(self) -> pa.Table:
+        """Every row, archived and tail, in the order they were recorded."""
         return pa.Table.from_pylist(list(self.rows.values()), schema=LEDGER_SCHEMA)
 
     def commit(self, store: Store, metadata: dict[bytes, bytes] | None = None) -> None:
@@ -173,6 +195,7 @@ class Feed:
         idle_timeout_s: float | None = None,
         on_advantages: Callable[[ShardRef, pl.DataFrame], None] | None = None,
         vocab_size: int | None = None,
+        replay_order: list[str] | None = None,
     ) -> None:
         self.store, self.ledger, self.advantage_fn = store, ledger, advantage_fn
         self.source = source or store
@@ -194,6 +217,10 @@ class Feed:
         self._left: dict[str, int] = {}  # shard_id → groups of it still pending
         self._stale: list[GroupRef] = []  # dropped since the last batch (reported with it)
         self._unrecorded: list[GroupRef] = []  # dropped, not yet recorded in the ledger
+        self._bytes: dict[str, int] = {}  # shard_id → its file's size (compaction by size)
+        self._segments: set[str] = set()  # paths of archive segments among the files read
+        # An exact replay: the groups to train, in this order (None: every group, as read).
+        self._order = None if replay_order is None else {g: i for i, g in enumerate(replay_order)}
         self.stop_reason: str | None = None  # why next_batch last returned None
         # The learner's version: LATEST of the store whose lease it holds (learner/lease.py),
         # so a shard of a newer policy_version is from the future and is quarantined.
@@ -205,7 +232,7 @@ class Feed:
         until B fresh groups are pending or no shard is left unread. Returns whether
         anything moved: a shard listed or read, a group made pending or stale."""
         moved = False
-        for ref in self.source.list_shards():
+        for ref in self._listing():
             if ref.path not in self._seen:
                 self._seen.add(ref.path)
                 if not self.ledger.shard_done(ref.shard_id):
@@ -214,12 +241,27 @@ class Feed:
         if version is not None:
             self._version = version  # no shard from a version after it (the feed's LATEST)
             moved |= bool(self._take_stale(version))
-        while self._unread and len(self._pending) < self.batch_groups:
+        # An exact replay reads every file first, then batches in the replayed run's order.
+        while self._unread and (self._order is not None or len(self._pending) < self.batch_groups):
             self._ingest(self._unread.popleft())
             moved = True
             if version is not None:
                 self._take_stale(version)
+        if self._order is not None and moved:
+            self._pending = deque(sorted(self._pending, key=lambda g: self._order[g.group_id]))
         return moved
+
+    def _listing(self) -> list[ShardRef]:
+        """The files to read: the inbox; in a replay, the replayed store's archive segments
+        (as refs named by segment id) and then its inbox (schemas/archive.py)."""
+        if not self.replay:
+            return self.source.list_shards()
+        from gagpo.schemas.archive import segment_path, step_files
+
+        files = step_files(self.source)
+        segments = [ShardRef(segment_path(self.source, s.id), "", s.id) for s in files.segments]
+        self._segments.update(ref.path for ref in segments)
+        return segments + list(files.shards)
 
     def _take_stale(self, version: int) -> list[GroupRef]:
         stale = self._drop_stale(version)
@@ -228,11 +270,12 @@ class Feed:
         return stale
 
     def _ingest(self, ref: ShardRef) -> None:
-        committed_at = _commit_time(self.source, ref.path)
+        committed_at, size = _commit_info(self.source, ref.path)
         try:
             latest = None if self.replay else self._version
             table = self.source.read_shard(ref, vocab_size=self.vocab_size, latest=latest)
-            check_group_owners(table, ref.shard_id, self._owner)
+            if ref.path not in self._segments:  # a segment holds each group once by construction
+                check_group_owners(table, ref.shard_id, self._owner)
             steps = pl.from_arrow(table)
             advantages = self.advantage_fn(steps.lazy().select(C.ADVANTAGE_INPUT_COLUMNS)).collect()
         except (ValidationError, pl.exceptions.PolarsError, pa.ArrowInvalid) as exc:
@@ -243,21 +286,23 @@ class Feed:
         except FileNotFoundError:  # quarantined or removed by someone else meanwhile
             return
         self.stats.shards_read += 1
+        self._bytes[ref.shard_id] = size
         if self.on_advantages is not None:
             self.on_advantages(ref, advantages)
         rows = steps.join(
             advantages.select(C.TRAJ_ID, C.STEP, C.ADVANTAGE), on=[C.TRAJ_ID, C.STEP], how="left"
         ).select(BATCH_COLUMNS)
         # A group may span versions (loaded between turns): its staleness is its oldest step's.
-        groups = rows.group_by(C.GROUP_ID, maintain_order=True).agg(
-            pl.col(C.POLICY_VERSION).min()
-        )
-        n_groups = groups.height
+        # Run and shard are the group's own: a segment holds groups of many shards.
+        groups = steps.group_by(C.GROUP_ID, maintain_order=True).agg(
+            pl.col(C.POLICY_VERSION).min(), pl.col(C.RUN_ID).first(), pl.col(C.SHARD_ID).first()
+        ).with_columns(pl.len().over(C.SHARD_ID).alias("n"))
         self._claims.update(dict.fromkeys(groups[C.GROUP_ID].to_list(), ref.shard_id))
+        source = ref.shard_id if ref.path in self._segments else ""
         fresh = [
-            GroupRef(ref.run_id, ref.shard_id, gid, int(ver), n_groups, committed_at)
-            for gid, ver in groups.iter_rows()
-            if gid not in self.ledger
+            GroupRef(run, shard, gid, int(ver), int(n), committed_at, source)
+            for gid, ver, run, shard, n in groups.iter_rows()
+            if gid not in self.ledger and (self._order is None or gid in self._order)
         ]
         if not fresh:
             return
@@ -289,8 +334,8 @@ class Feed:
     def _release(self, groups: list[GroupRef]) -> pl.DataFrame:
         """Remove `groups` from the in-memory frames and return their rows, in order."""
         parts = []
-        for shard_id in dict.fromkeys(g.shard_id for g in groups):
-            ids = [g.group_id for g in groups if g.shard_id == shard_id]
+        for shard_id in dict.fromkeys(g.frame for g in groups):
+            ids = [g.group_id for g in groups if g.frame == shard_id]
             frame = self._frames[shard_id]
             parts.append(frame.filter(pl.col(C.GROUP_ID).is_in(pl.Series(ids).implode())))
             self._left[shard_id] -= len(ids)
@@ -337,6 +382,14 @@ class Feed:
         stale, self._stale = self._stale, []
         return Batch(self._release(taken), taken, stale)
 
+    def consumed_bytes(self) -> int:
+        """Bytes of the shards this feed read whose every group is in the ledger."""
+        return sum(b for sid, b in self._bytes.items() if self.ledger.shard_done(sid))
+
+    def forget_bytes(self) -> None:
+        """After a compaction: the consumed shards it moved no longer count."""
+        self._bytes = {s: b for s, b in self._bytes.items() if not self.ledger.shard_done(s)}
+
     def settings(self, version: int) -> dict[bytes, bytes]:
         """Ledger metadata for the actors' throttle: the learner at `version`, B, S (none
         without a staleness bound: replay and supervised runs throttle nobody)."""
@@ -368,15 +421,17 @@ class Feed:
             self.ledger.commit(self.store, self.settings(version + 1 if trained else version))
 
 
-def _commit_time(store: Store, path: str) -> float:
-    """When a shard became visible: its modification time (a rename keeps the temp file's)."""
+def _commit_info(store: Store, path: str) -> tuple[float, int]:
+    """When a shard became visible (its modification time: a rename keeps the temp file's)
+    and its size in bytes."""
     try:
         info = store.info(path)  # an outage is retried there, up to the store's bound
     except (OSError, ValueError):
-        return time.time()
+        return time.time(), 0
+    size = int(info.get("size") or 0)
     for key in ("mtime", "LastModified", "last_modified", "created"):
         value = info.get(key)
         if value is None:
             continue
-        return value.timestamp() if hasattr(value, "timestamp") else float(value)
-    return time.time()
+        return (value.timestamp() if hasattr(value, "timestamp") else float(value)), size
+    return time.time(), size

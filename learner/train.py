@@ -29,6 +29,7 @@ import torch
 from gagpo.learner import faults
 from gagpo.learner.batching import MicroBatch, plan
 from gagpo.learner.checkpoint import Head, commit_version, start
+from gagpo.learner.compact import Compactor
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.dist import (
     Dist,
@@ -250,6 +251,7 @@ class LearnerSummary:
     rejected_shards: int = 0
     tokens: int = 0
     stopped: str | None = None  # why the run ended before `updates`, in one line
+    compactions: int = 0  # archive generations this run committed
 
 
 def make_feed(
@@ -274,7 +276,21 @@ def make_feed(
         idle_timeout_s=cfg.idle_timeout_s,
         on_advantages=keep_advantages if cfg.write_advantages else None,
         vocab_size=vocab_size,  # shards with token ids past the model's are quarantined
+        replay_order=replay_order(cfg),
     )  # fmt: skip
+
+
+def replay_order(cfg: LearnerConfig) -> list[str] | None:
+    """With replay_as_of_update U: the groups the replayed store's learner trained in
+    updates ≤ U, in the order it trained them (its ledger), so batches of the same B are
+    its batches."""
+    if cfg.replay is None or cfg.replay_as_of_update is None:
+        return None
+    from gagpo.schemas.archive import groups_as_of
+
+    rows = groups_as_of(Store(cfg.replay), cfg.replay_as_of_update)
+    trained = rows.filter(pc.equal(rows[C.LEDGER_STATUS], "trained"))
+    return trained[C.GROUP_ID].to_pylist()
 
 
 def metrics_row(update, version, batch: Batch, stats: dict, feed: Feed, t_wait, t0, t1) -> dict:
@@ -357,6 +373,13 @@ class Parts:
         return child
 
 
+def _archive(feed: Feed, result) -> None:
+    """Groups a finished compaction archived leave the tail ledger at its next commit."""
+    if result is not None and result.groups_archived:
+        feed.ledger.archive(result.groups_archived)
+        feed.forget_bytes()
+
+
 def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
     """Run the learner until `cfg.updates` updates are done (or the data runs out)."""
     d = init_dist(cfg.device)
@@ -369,6 +392,8 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
     if d.main:
         feed.announce(version)  # B and max_staleness reach the actors' throttle
     log = MetricsLog.for_config(p.store, cfg, echo=echo, start=update) if d.main else None
+    # the archive's single writer is this learner (it holds the lease); never on a replay
+    compactor = Compactor(p.store, cfg.compaction, echo) if d.main and not cfg.replay else None
     pad_id = getattr(p.model.config, "pad_token_id", None) or 0
     summary = LearnerSummary()
     while update < cfg.updates:
@@ -391,8 +416,14 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
             summary.groups += len(batch.groups)
         head = p.publish(head, update, feed.ledger if d.main else None)
         summary.tokens += stats["tokens"]
+        if compactor is not None:  # off the critical path: a thread, collected later
+            _archive(feed, compactor.collect())
+            compactor.maybe_start(feed.ledger.full_table, update, feed.consumed_bytes())
     if d.main:
         log.close()
+        if compactor is not None:
+            _archive(feed, compactor.collect(wait=True))
+            summary.compactions = compactor.compactions
         feed.commit(None, update, version)  # groups dropped since the last batch
         summary.stopped = feed.stop_reason if update < cfg.updates else None
         summary.stale_groups, summary.rejected_shards = (

@@ -101,6 +101,8 @@ def estimator_config(settings: dict[str, Any], omega: str | None) -> Any:
     "input/out/store/run/compression; flags override it.",
 )
 @click.option("--compression", metavar="CODEC", help=field_help(AdvantagesCommand, "compression"))
+@click.option("--as-of-update", "as_of_update", type=click.IntRange(min=0), metavar="U",
+              help=field_help(AdvantagesCommand, "as_of_update"))  # fmt: skip
 @set_option("lam=0.9", "norm=batch")
 @click.option("--quiet", is_flag=True, help="Print only the summary line, not the diagnostics.")
 @click.option(
@@ -117,8 +119,8 @@ def estimator_config(settings: dict[str, Any], omega: str | None) -> Any:
     "processes on this machine."
 )
 def advantages(
-    inputs, out, store, run_id, omega, config_file, compression, quiet, sets, workers,
-    ray_address, **flags
+    inputs, out, store, run_id, omega, config_file, compression, as_of_update, quiet, sets,
+    workers, ray_address, **flags
 ) -> None:  # fmt: skip
     """Compute GAGPO (or baseline) advantages for stored steps.
 
@@ -135,7 +137,7 @@ def advantages(
     from gagpo.schemas.config import load_config
 
     command = {"input": list(inputs) or None, "out": out, "store": store, "run": run_id,
-               "compression": compression}  # fmt: skip
+               "compression": compression, "as_of_update": as_of_update}  # fmt: skip
     overrides = merge(parse_sets(sets, EstimatorConfig, "advantages"), flags | command)
     cmd = load_config(AdvantagesCommand, config_file, section="advantages", overrides=overrides)
     inputs, out, store, run_id, compression = (
@@ -145,6 +147,7 @@ def advantages(
         cmd.run,
         cmd.compression,
     )
+    as_of_update = cmd.as_of_update
     settings = cmd.estimator_settings()
     config = estimator_config(settings, omega)
 
@@ -161,18 +164,23 @@ def advantages(
                 store, run_id, config, progress=progress, workers=workers,
                 backend="ray" if ray_address else None,
                 ray_address=None if ray_address == "local" else ray_address,
+                as_of_update=as_of_update,
             )  # fmt: skip
         for path, reason in summary.quarantined:
             click.echo(f"quarantined {path}: {reason}", err=True)
         click.echo(
-            f"wrote {summary.shards} shard table(s), {summary.diagnostics.batch['steps']} steps, "
-            f"under {store.rstrip('/')}/advantages/{config.tag}/"
+            f"wrote {summary.shards} shard table(s)"
+            + (f" ({summary.segments} of them archive segments)" if summary.segments else "")
+            + f", {summary.diagnostics.batch['steps']} steps, under {store.rstrip('/')}/advantages/"
+            f"{config.tag}{'' if as_of_update is None else f'@u{as_of_update}'}/"
         )
         if not quiet:
             click.echo(summary.diagnostics.format())
         return
     if run_id:
         raise GagpoError("--run applies only with --store")
+    if as_of_update is not None:
+        raise GagpoError("--as-of-update applies only with --store")
     if workers > 1 or ray_address:
         raise GagpoError("--workers and --ray apply only with --store")
     if not inputs or not out:

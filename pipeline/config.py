@@ -216,6 +216,9 @@ class AdvantagesCommand(BaseModel):
     """Store root: recompute for its committed shards."""
     run: str | None = None
     """With store: only the shards of this run."""
+    as_of_update: int | None = Field(None, ge=0)
+    """With store: only the groups its learner had consumed by this update (the store as it
+    stood then), written under the tag <estimator_tag>@u<update>."""
     compression: str = "snappy"
     """Parquet codec of out: snappy, zstd, lz4 or none."""
 

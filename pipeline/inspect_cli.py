@@ -85,6 +85,14 @@ def _limit_options(func):
     show_default=True,
     help="Rows shown by --format table (csv, json and parquet write all rows).",
 )
+@click.option(
+    "--as-of-update",
+    "as_of_update",
+    type=click.IntRange(min=0),
+    metavar="U",
+    help="Views of the store as it stood after learner update U: the groups its ledger "
+    "records up to U, learner metrics and policy versions up to U.",
+)
 @_gamma_option
 @_limit_options
 def sql_command(
@@ -93,6 +101,7 @@ def sql_command(
     fmt: str,
     out: str | None,
     max_rows: int,
+    as_of_update: int | None,
     gamma: float,
     timeout_s: float,
     memory_limit: str,
@@ -114,15 +123,17 @@ def sql_command(
         raise GagpoError("--format parquet needs --out FILE; accepted: --out result.parquet")
     if out is not None:
         _check_out(out)
-    from gagpo.pipeline.sql import Limits, close_store_db, open_store_db, run_query
+    from gagpo.pipeline.sql import Limits, close_store_db, open_store_db, query_store
 
     limits = Limits(timeout_s=timeout_s, memory_limit=memory_limit)
-    con = open_store_db(store_url, gamma=gamma, limits=limits)
+    if query is not None:
+        result = query_store(store_url, query, gamma=gamma, limits=limits,
+                             as_of_update=as_of_update)  # fmt: skip
+        _emit(result, fmt, out, max_rows)
+        return
+    con = open_store_db(store_url, gamma=gamma, limits=limits, as_of_update=as_of_update)
     try:
-        if query is not None:
-            _emit(run_query(con, query, limits), fmt, out, max_rows)
-        else:
-            _interactive(con, max_rows, limits)
+        _interactive(con, max_rows, limits)
     finally:
         close_store_db(con)
 

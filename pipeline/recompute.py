@@ -207,8 +207,12 @@ class ShardResult:
     missing: bool = False  # removed or quarantined by another process meanwhile
 
 
-def shard_task(ref, url: str, config) -> ShardResult:
-    """Read, validate and compute one shard of the store at `url` (run in a worker)."""
+def shard_task(ref, url: str, config, run_id: str | None = None,
+               groups: frozenset[str] | None = None) -> ShardResult:  # fmt: skip
+    """Read, validate and compute one shard or segment of the store at `url` (run in a
+    worker): its rows of `run_id` and of `groups`, when given."""
+    import pyarrow.compute as pc
+
     from gagpo.pipeline.parallel import worker_store
 
     store = worker_store(url)
@@ -218,7 +222,14 @@ def shard_task(ref, url: str, config) -> ShardResult:
         return ShardResult(ref, error=_message(exc))
     except FileNotFoundError:
         return ShardResult(ref, missing=True)
-    groups = shard.column(C.GROUP_ID).unique().to_pylist()
+    all_groups = shard.column(C.GROUP_ID).unique().to_pylist()
+    if run_id is not None:
+        shard = shard.filter(pc.equal(shard[C.RUN_ID], run_id))
+    if groups is not None:
+        shard = shard.filter(pc.is_in(shard[C.GROUP_ID], value_set=pa.array(sorted(groups), pa.string())))
+    if shard.num_rows == 0:
+        return ShardResult(ref, all_groups)
+    groups = all_groups
     try:
         frame = pl.from_arrow(shard.select(list(C.ADVANTAGE_INPUT_COLUMNS))).lazy()
         table = compute_advantages(frame, config, pool_ids=_with_pools(config)).collect()
@@ -244,7 +255,8 @@ class StoreSummary:
     """What `recompute_store` did: shard tables written, shards quarantined (path,
     reason), and the diagnostics over all written steps."""
 
-    shards: int = 0
+    shards: int = 0  # tables written: one per inbox shard and per archive segment
+    segments: int = 0
     quarantined: list[tuple[str, str]] = field(default_factory=list)
     diagnostics: Diagnostics | None = None
 
@@ -258,68 +270,116 @@ def recompute_store(
     workers: int = 1,
     backend: str | None = None,
     ray_address: str | None = None,
+    as_of_update: int | None = None,
 ) -> StoreSummary:
-    """Advantages of every committed shard (of `run_id`, or of all runs) of the store at
-    `url`, each committed at advantages/<config.tag>/<shard_id>.parquet.
+    """Advantages of the store's steps at `url` (of `run_id`, or of all runs): one table per
+    archive segment and per inbox shard (schemas/archive.py, the one reader), committed at
+    advantages/<tag>/<segment or shard id>.parquet. With `as_of_update`, only the groups
+    the store's learner had consumed by that update, under the tag `<tag>@u<update>`.
 
     A shard that fails validation is moved to quarantine/ with its reason (docs/design.md §7)
     and the others go on; the rules are the learner's (schemas/validate.py), including
-    one copy per group: a shard holding a group an earlier shard (oldest id first) holds
-    is quarantined, so a split or repeated group is never written twice.
-    `progress(done, total)`, when given, is called before each shard and at the end.
+    one copy per group: a shard holding a group an earlier file (segments, then shards
+    oldest id first) holds is quarantined, so a split or repeated group is never written
+    twice. A shard that a compaction moved while this ran is read from its segment.
+    `progress(done, total)`, when given, is called before each file and at the end.
 
-    With `workers` > 1 the shards are read and computed in parallel (pipeline/parallel.py:
+    With `workers` > 1 the files are read and computed in parallel (pipeline/parallel.py:
     `backend` processes by default, or ray), at most `workers` at a time; the group rule
-    and the commits stay here, in shard order, so the store ends exactly as after the
+    and the commits stay here, in file order, so the store ends exactly as after the
     serial run.
     """
-    from gagpo.pipeline.parallel import ordered_map
+    from gagpo.schemas.archive import groups_as_of, step_files
     from gagpo.schemas.store import Store
 
     store = Store(url)
-    refs = store.list_shards(run_id)
-    if not refs:
+    files = step_files(store, run_id)
+    if files.empty:
         where = f"shards/run={run_id}/" if run_id else "shards/"
         raise GagpoError(
-            f"no committed shard under {url.rstrip('/')}/{where}; accepted: a store with shards"
+            f"no committed shard under {url.rstrip('/')}/{where} and no archive segment; "
+            "accepted: a store with shards"
         )
     store.ensure_writable()  # one line now, rather than a traceback at the first table
+    groups = None
+    tag = config.tag
+    if as_of_update is not None:
+        groups = frozenset(groups_as_of(store, as_of_update)[C.GROUP_ID].to_pylist())
+        tag = f"{config.tag}@u{as_of_update}"
     if backend is None:
         backend = "serial" if workers == 1 else "processes"
     summary = StoreSummary()
     kept: list[pl.DataFrame] = []  # the columns the diagnostics need
-    owners: dict[str, str] = {}  # group_id → the first shard holding it
-    results = ordered_map(shard_task, refs, args=(url, config), workers=workers,
-                          backend=backend, ray_address=ray_address)  # fmt: skip
+    owners: dict[str, str] = {}  # group_id → the first file holding it
+    done: set[str] = set()
+    total = 0
+    for _ in range(20):  # a file a compaction removed meanwhile: resolve again, read the rest
+        refs = [r for r in _file_refs(store, files) if r.path not in done]
+        total += len(refs)
+        missing = _recompute(store, refs, config, tag, summary, kept, owners, done, progress,
+                             total, dict(workers=workers, backend=backend, ray_address=ray_address),
+                             run_id, groups)  # fmt: skip
+        if not missing:
+            break
+        files = step_files(store, run_id)
+    if progress is not None:
+        progress(total, total)
+    if not kept:
+        raise GagpoError(
+            f"no valid shard under {url}: all {total} failed validation (see quarantine/)"
+        )
+    summary.diagnostics = diagnostics(pl.concat(kept), config.state_grouping)
+    return summary
+
+
+def _file_refs(store, files) -> list:
+    """Segments (as refs named by their segment id), then the inbox shards."""
+    from gagpo.schemas.archive import segment_path
+    from gagpo.schemas.store import ShardRef
+
+    segments = [ShardRef(segment_path(store, s.id), "", s.id) for s in files.segments]
+    return segments + list(files.shards)
+
+
+def _recompute(store, refs, config, tag, summary, kept, owners, done, progress, total,
+               parallel, run_id, groups) -> bool:  # fmt: skip
+    """Compute and commit the tables of `refs`; returns whether any file had vanished."""
+    from gagpo.pipeline.parallel import ordered_map
+    from gagpo.schemas.archive import ARCHIVE
+
+    missing = False
+    offset = total - len(refs)
+    results = ordered_map(shard_task, refs, args=(store.url, config, run_id, groups), **parallel)
     try:
-        for done, ref in enumerate(refs):
+        for i, ref in enumerate(refs):
             if progress is not None:
-                progress(done, len(refs))
+                progress(offset + i, total)
             result = next(results)
-            if result.missing:  # quarantined or removed by another process meanwhile
+            done.add(ref.path)
+            if result.missing:  # quarantined, or moved by a compaction meanwhile
+                missing = True
                 continue
             reason = result.error
             if result.groups is not None:  # read and valid: the one-copy rule comes first
                 try:
-                    groups = pa.table({C.GROUP_ID: pa.array(result.groups, pa.string())})
-                    check_group_owners(groups, ref.shard_id, owners.get)
+                    table = pa.table({C.GROUP_ID: pa.array(result.groups, pa.string())})
+                    check_group_owners(table, ref.shard_id, owners.get)
                 except ValidationError as exc:
                     reason = _message(exc)
+            archived = ref.path.startswith(store.path(ARCHIVE) + "/")
+            if reason is not None and archived:  # archive files are never quarantined
+                raise GagpoError(f"archive segment {ref.path} cannot be used: {reason}")
             if reason is not None:
                 store.quarantine(ref.path, reason)
                 summary.quarantined.append((ref.path, reason))
                 continue
             owners.update(dict.fromkeys(result.groups, ref.shard_id))
-            store.commit_bytes(store.advantages_path(config.tag, ref.shard_id), result.data)
+            if result.data is None:  # no row of the wanted run or groups in it
+                continue
+            store.commit_bytes(store.advantages_path(tag, ref.shard_id), result.data)
             summary.shards += 1
+            summary.segments += archived
             kept.append(result.kept)
     finally:
         results.close()  # an error here: the workers are stopped
-    if progress is not None:
-        progress(len(refs), len(refs))
-    if not kept:
-        raise GagpoError(
-            f"no valid shard under {url}: all {len(refs)} failed validation (see quarantine/)"
-        )
-    summary.diagnostics = diagnostics(pl.concat(kept), config.state_grouping)
-    return summary
+    return missing

@@ -56,6 +56,7 @@ from gagpo.pipeline import sql_sources as src
 from gagpo.pipeline.sql_views import VIEWS, view_statements
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.archive import step_files
 from gagpo.schemas.store import EVAL, HELDOUT, Store
 
 # Same default as the advantage stage (docs/design.md §4); used only where no advantages exist.
@@ -111,7 +112,11 @@ _TEMP_DIRS: dict[int, str] = {}  # id(connection) → its private spill folder
 
 
 def open_store_db(
-    store: Store | str, *, gamma: float = DEFAULT_GAMMA, limits: Limits | None = None
+    store: Store | str,
+    *,
+    gamma: float = DEFAULT_GAMMA,
+    limits: Limits | None = None,
+    as_of_update: int | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory, locked-down DuckDB connection with the inspection views over `store`.
 
@@ -139,10 +144,11 @@ def open_store_db(
         shutil.rmtree(spill, ignore_errors=True)
         raise GagpoError(f"cannot open DuckDB ({_first_line(exc)})") from None
     _TEMP_DIRS[id(con)] = spill
+    files = step_files(store)  # archive and inbox, each group once (schemas/archive.py)
     sources = {
-        "steps": src.parquet_source(filesystem, src.steps_files(store), C.STEPS_SCHEMA),
-        "advantages": src.advantages_source(store, filesystem),
-        "estimators": src.estimators_table(store),
+        "steps": src.parquet_source(filesystem, src.steps_files(store, files), C.STEPS_SCHEMA),
+        "advantages": src.advantages_source(store, filesystem, files),
+        "estimators": src.estimators_table(store, files),
         "policy": src.policy_table(store),
         "learner_metrics": src.learner_metrics_source(store, filesystem),
         "learner_histograms": src.learner_histograms_table(store),
@@ -152,12 +158,36 @@ def open_store_db(
             C.HELDOUT_SCHEMA,
         ),
     }
+    as_of = _as_of_filters(store, as_of_update)
+    if as_of:
+        con.register("_gagpo_as_of_groups", as_of_groups(store, as_of_update))
     for name, source in sources.items():
-        con.register(f"_gagpo_{name}", source)
+        if name in as_of:  # the store as it stood after that update: a filtering view
+            con.register(f"_gagpo_{name}_all", source)
+            con.execute(f"CREATE VIEW _gagpo_{name} AS SELECT * FROM _gagpo_{name}_all "
+                        f"WHERE {as_of[name]}")  # fmt: skip
+        else:
+            con.register(f"_gagpo_{name}", source)
     for statement in view_statements(gamma):
         con.execute(statement)
     con.execute("SET lock_configuration = true")
     return con
+
+
+def as_of_groups(store: Store, update: int) -> pa.Table:
+    from gagpo.schemas.archive import groups_as_of
+
+    return groups_as_of(store, update).select([C.GROUP_ID])
+
+
+def _as_of_filters(store: Store, update: int | None) -> dict[str, str]:
+    """Per source, the SQL condition of `--as-of-update U`: the groups the learner had
+    consumed by update U (its ledger), the learner's rows up to U, versions up to U's."""
+    if update is None:
+        return {}
+    groups = "group_id IN (SELECT group_id FROM _gagpo_as_of_groups)"
+    return {"steps": groups, "advantages": groups, "learner_metrics": f'"update" <= {int(update)}',
+            "policy": f"version <= {int(update)}"}  # fmt: skip
 
 
 def close_store_db(con: duckdb.DuckDBPyConnection) -> None:
@@ -237,6 +267,28 @@ def run_query(con: duckdb.DuckDBPyConnection, query: str, limits: Limits | None 
         raise GagpoError(f"query failed: {reason}") from None
     except duckdb.Error as exc:
         raise GagpoError(f"query failed: {_first_line(exc)}") from None
+
+
+def query_store(store: Store | str, query: str, *, gamma: float = DEFAULT_GAMMA,
+                limits: Limits | None = None, as_of_update: int | None = None) -> pa.Table:  # fmt: skip
+    """`query` on a fresh connection over `store`. A file a compaction removed while the
+    query ran (its groups are in a segment now) makes the query run again on the store as
+    it stands: a query never fails, nor counts twice, because a compaction committed."""
+    for attempt in range(5):
+        con = open_store_db(store, gamma=gamma, limits=limits, as_of_update=as_of_update)
+        try:
+            return run_query(con, query, limits)
+        except (GagpoError, OSError, pa.ArrowException) as exc:
+            if attempt == 4 or not _vanished(exc):
+                raise
+        finally:
+            close_store_db(con)
+    raise AssertionError("unreachable")
+
+
+def _vanished(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(s in text for s in ("No such file", "NoSuchKey", "FileNotFoundError", "not found"))
 
 
 def _fetch(relation, max_bytes: int) -> pa.Table:

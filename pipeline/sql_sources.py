@@ -17,6 +17,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
+from gagpo.schemas.archive import ARCHIVE, SEGMENTS, StepFiles, step_files
 from gagpo.schemas.retry import first_line
 from gagpo.schemas.store import ADVANTAGES, LEARNER, Store
 from gagpo.schemas.versions import complete_versions, is_published, version_folders
@@ -121,11 +122,15 @@ def _footer_schema(store: Store, path: str) -> pa.Schema:
         return pq.read_schema(handle)
 
 
-def steps_files(store: Store) -> list[str]:
-    """The committed shards that are the store's own and readable (a shard a learner has
-    not quarantined yet may be neither)."""
-    paths = inside(store, [ref.path for ref in store.list_shards()])
-    return readable(store, paths, C.STEPS_SCHEMA, "steps")
+def steps_files(store: Store, files: StepFiles | None = None) -> list[str]:
+    """The files of the store's steps (schemas/archive.py, the one reader): the archive's
+    segments, then the inbox shards it does not hold that are the store's own and readable
+    (a shard a learner has not quarantined yet may be neither). Segments are written by
+    the compactor alone: their footers are not read here, so a query reads a few large
+    files and no dataset discovery runs footer by footer over the history."""
+    files = step_files(store) if files is None else files
+    shards = inside(store, [ref.path for ref in files.shards])
+    return files.segment_paths(store) + readable(store, shards, C.STEPS_SCHEMA, "steps")
 
 
 def parquet_source(filesystem, paths: list[str], schema: pa.Schema, **options):
@@ -135,29 +140,38 @@ def parquet_source(filesystem, paths: list[str], schema: pa.Schema, **options):
     return ds.dataset(paths, schema=schema, format="parquet", filesystem=filesystem, **options)
 
 
-def _advantage_files(store: Store) -> list[str]:
+def _advantage_files(store: Store, files: StepFiles | None = None) -> list[str]:
+    """Every advantage table but those of shards the archive holds (its segment's table
+    has their rows) and of segments the archive does not name (a killed compaction's)."""
+    files = step_files(store) if files is None else files
     paths = committed(store, store.path(ADVANTAGES, "*", "*.parquet"))
+    if files.manifest is not None:
+        named = {s.id for s in files.manifest.segments}
+        stray = {posixpath.basename(p)[: -len(".parquet")] for p in
+                 store.glob(store.path(ARCHIVE, SEGMENTS, "*.parquet"))} - named  # fmt: skip
+        hidden = files.manifest.compacted | stray
+        paths = [p for p in paths if posixpath.basename(p)[: -len(".parquet")] not in hidden]
     return readable(store, paths, None, "advantages")  # writers of other float widths: cast
 
 
-def advantages_source(store: Store, filesystem):
+def advantages_source(store: Store, filesystem, files: StepFiles | None = None):
     """All advantage tables; the tag folder becomes the `estimator` column."""
     partitioning = ds.DirectoryPartitioning(
         pa.schema([pa.field(ESTIMATOR, pa.string())]), segment_encoding="none"
     )
     return parquet_source(
         filesystem,
-        _advantage_files(store),
+        _advantage_files(store, files),
         ADVANTAGES_VIEW_SCHEMA,
         partitioning=partitioning,
         partition_base_dir=store.path(ADVANTAGES),
     )
 
 
-def estimators_table(store: Store) -> pa.Table:
+def estimators_table(store: Store, files: StepFiles | None = None) -> pa.Table:
     """Per tag: name and parameters from the file metadata of its first file."""
     by_tag: dict[str, list[str]] = {}
-    for path in _advantage_files(store):
+    for path in _advantage_files(store, files):
         by_tag.setdefault(posixpath.basename(posixpath.dirname(path)), []).append(path)
     rows = []
     for tag, paths in sorted(by_tag.items()):

@@ -171,3 +171,22 @@ HELDOUT_SCHEMA = pa.schema([("policy_version", pa.int64()), ("rollouts", pa.int6
 def schema_major(version: str) -> int:
     """Major part of a "MAJOR.MINOR" schema version string."""
     return int(version.split(".", 1)[0])
+
+
+# --- the learner's ledger: one row per consumed group (learner/feed.py) ---------------
+# learner/ledger.parquet holds the groups not yet compacted; archive/ledger/ the others
+# (schemas/archive.py). `update` is the learner update that trained the group or dropped
+# it as stale (`status`), `learner_version` the version it was measured against.
+LEDGER_UPDATE, LEDGER_STATUS, LEDGER_LEARNER_VERSION = "update", "status", "learner_version"
+LEDGER_SCHEMA = pa.schema(
+    [
+        pa.field(RUN_ID, pa.string(), nullable=False),
+        pa.field(SHARD_ID, pa.string(), nullable=False),
+        pa.field(GROUP_ID, pa.string(), nullable=False),
+        pa.field(SHARD_GROUPS, pa.int64(), nullable=False),
+        pa.field(POLICY_VERSION, pa.int64(), nullable=False),
+        pa.field(LEDGER_UPDATE, pa.int64(), nullable=False),
+        pa.field(LEDGER_LEARNER_VERSION, pa.int64(), nullable=False),
+        pa.field(LEDGER_STATUS, pa.string(), nullable=False),
+    ]
+)

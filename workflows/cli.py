@@ -29,6 +29,11 @@ SUBCOMMANDS = {
         "learner_command",
         "Train on shards and publish policy versions.",
     ),
+    "compact": (
+        "gagpo.learner.compact",
+        "compact_command",
+        "Move consumed shards from the inbox into archive segments.",
+    ),
     "sql": ("gagpo.pipeline.inspect_cli", "sql_command", "Query a store with read-only SQL."),
     "report": ("gagpo.pipeline.inspect_cli", "report_command", "Plots and a summary of a store."),
 }

@@ -162,11 +162,11 @@ def estimators(run_estimator: EstimatorConfig | None = None) -> list[tuple[str, 
 def read_steps(store, env: str = "sokoban", columns=STEP_COLUMNS) -> pl.DataFrame:
     """The store's committed, valid steps (`columns`), all of them of `env` (the credit
     comparison's: sokoban, whose exact solver labels the optimal moves)."""
-    tables = [pl.from_arrow(t.select(list(columns)))
-              for _, t in store.iter_valid_shards(store.list_shards())]  # fmt: skip
-    if not tables:
+    from gagpo.schemas.archive import read_steps_table
+
+    steps = pl.from_arrow(read_steps_table(store, list(columns)))  # archive and inbox
+    if steps.height == 0:
         raise GagpoError(f"no committed shard in {store.url}; accepted: a store a run wrote")
-    steps = pl.concat(tables)
     if (steps[C.ENV] != env).any():
         raise GagpoError(f"the store holds steps of other environments than {env}; accepted: "
                          f"a store of --env {env} runs only")  # fmt: skip
@@ -177,7 +177,8 @@ def compare(store_url: str, run_estimator: EstimatorConfig | None = None) -> Com
     """Recompute the store's steps under each estimator (committed under advantages/<tag>/)
     and measure each one's credit against the solver."""
     from gagpo.pipeline.recompute import recompute_store
-    from gagpo.schemas.store import ADVANTAGES, Store
+    from gagpo.schemas.archive import step_files
+    from gagpo.schemas.store import Store
 
     store = Store(store_url)
     steps = read_steps(store)
@@ -185,8 +186,7 @@ def compare(store_url: str, run_estimator: EstimatorConfig | None = None) -> Com
     rows, tables = [], {}
     for name, config in estimators(run_estimator):
         recompute_store(store_url, None, config)
-        files = [store.path(ADVANTAGES, config.tag, f"{ref.shard_id}.parquet")
-                 for ref in store.list_shards()]  # fmt: skip
+        files = [store.advantages_path(config.tag, i) for i in step_files(store).ids()]
         adv = pl.concat([pl.from_arrow(store.read_table(
             f, [C.GROUP_ID, C.TRAJ_ID, C.STEP, C.ADVANTAGE])) for f in files if store.exists(f)])  # fmt: skip
         tables[name] = adv

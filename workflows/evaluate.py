@@ -53,13 +53,12 @@ def play(actors: ActorConfig, store: str | None = None) -> dict:
 
 def rollout_totals(store: Store) -> tuple[int, int, float]:
     """(valid replies, steps, summed reward) over the store's committed shards."""
-    valid = steps = 0
-    total = 0.0
-    for _, shard in store.iter_valid_shards(store.list_shards()):
-        valid += pc.sum(shard[C.ACTION_VALID]).as_py() or 0
-        steps += shard.num_rows
-        total += pc.sum(shard[C.REWARD]).as_py() or 0.0
-    return valid, steps, total
+    from gagpo.schemas.archive import read_steps_table
+
+    table = read_steps_table(store, [C.ACTION_VALID, C.REWARD])  # archive and inbox
+    valid = pc.sum(table[C.ACTION_VALID]).as_py() or 0
+    total = pc.sum(table[C.REWARD]).as_py() or 0.0
+    return valid, table.num_rows, total
 
 
 def evaluate_version(

@@ -1,0 +1,330 @@
+"""The archive: consumed groups compacted out of the inbox (shards/) into large segments.
+
+    STORE/archive/manifest/<generation>.json     the archive as one compaction left it
+    STORE/archive/segments/<segment_id>.parquet  steps of whole groups, sorted by group,
+                                                 rollout and step; zstd, bounded row groups
+    STORE/archive/ledger/<segment_id>.parquet    the learner's ledger rows of those groups
+    STORE/advantages/<tag>/<segment_id>.parquet  a segment's advantage tables, beside the
+                                                 per-shard tables of the inbox
+
+Actors keep committing one group file per shard (the inbox: atomic, uncoordinated,
+low latency). The single writer that holds the store's lease moves consumed shards into
+segments (schemas/compaction.py), so listings cost what the unconsumed tail costs and
+readers open a few large files instead of one per group.
+
+**The manifest is the truth.** Generation g+1 is created exclusively (never overwritten);
+the newest is the archive. It names every live segment and the shards generation g+1
+moved (`compacted`), which may still sit in the inbox until their removal completes.
+Before it commits generation g+1, a compactor removes every inbox shard that
+generation g compacted; so while generation g is the newest, the only archived shards
+still in the inbox are those g itself names.
+
+**One reader.** `step_files` resolves "the store's steps" as: the manifest, then the
+inbox listing, then the manifest again; if a compaction committed between the two reads
+it starts again (a sequence lock). The result is every segment plus every inbox shard
+the archive does not hold: each group exactly once, also halfway through a compaction.
+A file that vanishes after that (a compaction removed a shard it moved, or a segment it
+merged) raises FileNotFoundError in the reader, which resolves again (`read_with_retry`).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gagpo.schemas import columns as C
+from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.store import ADVANTAGES, LEARNER, LEDGER, ShardRef, Store, parquet_table
+
+ARCHIVE = "archive"
+MANIFESTS = "manifest"
+SEGMENTS = "segments"
+LEDGER_PARTS = "ledger"
+MANIFEST_FORMAT = 1
+# Older generations kept beside the newest (a reader that listed one just before a prune
+# still finds it); the archive needs only the newest.
+KEEP_MANIFESTS = 8
+RESOLVE_ATTEMPTS = 20
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment file of the archive, as its manifest describes it."""
+
+    id: str
+    rows: int
+    groups: int
+    bytes: int
+    group_size: int
+    runs: tuple[str, ...]
+    shards: int  # inbox shards it holds
+    consumed: bool  # every group of it has a ledger row (a learner trained on it or dropped it)
+    min_update: int | None = None  # ledger updates of its groups (None: no ledger rows)
+    max_update: int | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    generation: int
+    segments: tuple[Segment, ...] = ()
+    compacted: frozenset[str] = frozenset()  # shard ids this generation moved out of the inbox
+    created_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> bytes:
+        body = {
+            "format": MANIFEST_FORMAT,
+            "generation": self.generation,
+            "created_at": self.created_at,
+            "segments": [asdict(s) | {"runs": list(s.runs)} for s in self.segments],
+            "compacted": sorted(self.compacted),
+        }
+        return json.dumps(body, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> Manifest:
+        try:
+            body = json.loads(data)
+            if body.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"format {body.get('format')!r}")
+            segments = tuple(
+                Segment(**(s | {"runs": tuple(s["runs"])})) for s in body["segments"]
+            )
+            return cls(int(body["generation"]), segments, frozenset(body["compacted"]),
+                       float(body["created_at"]))  # fmt: skip
+        except (ValueError, KeyError, TypeError) as exc:
+            raise GagpoError(
+                f"{where} is not a readable archive manifest ({exc}); accepted: a manifest "
+                f"of format {MANIFEST_FORMAT} written by gagpo compact"
+            ) from None
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.segments)
+
+    @property
+    def groups(self) -> int:
+        return sum(s.groups for s in self.segments)
+
+
+# --- layout -------------------------------------------------------------------------
+def manifest_path(store: Store, generation: int) -> str:
+    return store.path(ARCHIVE, MANIFESTS, f"{generation:010d}.json")
+
+
+def segment_path(store: Store, segment_id: str) -> str:
+    return store.path(ARCHIVE, SEGMENTS, f"{segment_id}.parquet")
+
+
+def ledger_part_path(store: Store, segment_id: str) -> str:
+    return store.path(ARCHIVE, LEDGER_PARTS, f"{segment_id}.parquet")
+
+
+def manifest_generations(store: Store) -> list[int]:
+    """The generations whose manifest is committed, oldest first."""
+    out = []
+    for path in store.glob(store.path(ARCHIVE, MANIFESTS, "*.json")):
+        name = posixpath.basename(path)[: -len(".json")]
+        if name.isdigit():
+            out.append(int(name))
+    return sorted(out)
+
+
+def read_manifest(store: Store) -> Manifest | None:
+    """The newest manifest, or None for a store that was never compacted."""
+    for _ in range(RESOLVE_ATTEMPTS):
+        generations = manifest_generations(store)
+        if not generations:
+            return None
+        path = manifest_path(store, generations[-1])
+        try:
+            return Manifest.from_json(store.read_bytes(path), path)
+        except FileNotFoundError:  # pruned between the listing and the read: list again
+            continue
+    raise GagpoError(f"store {store.url}: the archive manifest kept changing while read")
+
+
+# --- the one reader -----------------------------------------------------------------
+@dataclass(frozen=True)
+class StepFiles:
+    """What "the store's steps" are at one instant: each group in exactly one file."""
+
+    manifest: Manifest | None
+    segments: tuple[Segment, ...]
+    shards: tuple[ShardRef, ...]  # inbox shards the archive does not hold, oldest first
+    run_id: str | None = None  # segments hold many runs: readers filter rows by it
+
+    def segment_paths(self, store: Store) -> list[str]:
+        return [segment_path(store, s.id) for s in self.segments]
+
+    def paths(self, store: Store) -> list[str]:
+        """Segments first (older groups), then the inbox tail."""
+        return self.segment_paths(store) + [ref.path for ref in self.shards]
+
+    def ids(self) -> list[str]:
+        """The id each file's advantage tables are named by: segment ids, then shard ids."""
+        return [s.id for s in self.segments] + [ref.shard_id for ref in self.shards]
+
+    @property
+    def empty(self) -> bool:
+        return not self.segments and not self.shards
+
+
+def step_files(store: Store, run_id: str | None = None) -> StepFiles:
+    """Resolve the store's steps (of `run_id`, when given): see the module docstring."""
+    for _ in range(RESOLVE_ATTEMPTS):
+        before = read_manifest(store)
+        refs = store.list_shards(run_id)
+        after = read_manifest(store)
+        if _generation(before) == _generation(after):
+            break
+    else:
+        raise GagpoError(f"store {store.url}: compactions kept committing while it was listed")
+    if after is None:
+        return StepFiles(None, (), tuple(refs), run_id)
+    segments = tuple(s for s in after.segments if run_id is None or run_id in s.runs)
+    inbox = tuple(ref for ref in refs if ref.shard_id not in after.compacted)
+    return StepFiles(after, segments, inbox, run_id)
+
+
+def _generation(manifest: Manifest | None) -> int:
+    return -1 if manifest is None else manifest.generation
+
+
+T = TypeVar("T")
+
+
+def read_with_retry(store: Store, read: Callable[[StepFiles], T], run_id: str | None = None,
+                    attempts: int = RESOLVE_ATTEMPTS) -> T:  # fmt: skip
+    """`read(step_files(store))`, resolved again when a file it names vanished meanwhile
+    (a compaction removed it after moving its groups): the groups are then elsewhere."""
+    for attempt in range(attempts):
+        files = step_files(store, run_id)
+        try:
+            return read(files)
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+        except (OSError, pa.ArrowException) as exc:  # Arrow's and DuckDB's "no such file"
+            if attempt == attempts - 1 or not _is_missing(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _is_missing(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(s in text for s in ("No such file", "not found", "NoSuchKey", "does not exist"))
+
+
+def read_steps_table(store: Store, columns: list[str] | None = None, *,
+                     run_id: str | None = None, groups: set[str] | None = None) -> pa.Table:  # fmt: skip
+    """Every step of the store (of `run_id`; of `groups` only, when given) as one table:
+    segments, then the inbox tail, each group once. Shards that fail validation are not
+    read here (the learner and `gagpo advantages --store` quarantine them): a reader
+    of the store's history skips a file it cannot decode."""
+
+    def read(files: StepFiles) -> pa.Table:
+        tables = [read_file(store, p, columns, run_id, groups) for p in files.paths(store)]
+        tables = [t for t in tables if t is not None]
+        if not tables:
+            return _empty(columns)
+        return pa.concat_tables(tables, promote_options="default")
+
+    return read_with_retry(store, read, run_id)
+
+
+def read_file(store: Store, path: str, columns: list[str] | None, run_id: str | None = None,
+              groups: set[str] | None = None) -> pa.Table | None:  # fmt: skip
+    """One steps file (shard or segment), filtered to `run_id` and `groups`; None when it
+    cannot be decoded. FileNotFoundError propagates (the caller resolves again)."""
+    wanted = None if columns is None else list(dict.fromkeys([*columns, C.RUN_ID, C.GROUP_ID]))
+    try:
+        table = parquet_table(store.read_bytes(path), wanted)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        return None
+    mask = None
+    if run_id is not None:
+        mask = pc.equal(table[C.RUN_ID], run_id)
+    if groups is not None:
+        inside = pc.is_in(table[C.GROUP_ID], value_set=pa.array(sorted(groups), pa.string()))
+        mask = inside if mask is None else pc.and_(mask, inside)
+    if mask is not None:
+        table = table.filter(mask)
+    return table if columns is None else table.select(columns)
+
+
+def _empty(columns: list[str] | None) -> pa.Table:
+    schema = C.STEPS_SCHEMA
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns])
+    return schema.empty_table()
+
+
+# --- the ledger, archive and tail ------------------------------------------------------
+def tail_ledger_path(store: Store) -> str:
+    return store.path(LEARNER, LEDGER)
+
+
+def archived_ledger(store: Store, manifest: Manifest | None = None) -> pa.Table:
+    """The ledger rows the archive holds (groups compacted after a learner consumed them)."""
+    manifest = read_manifest(store) if manifest is None else manifest
+    parts = [
+        store.read_table(ledger_part_path(store, s.id)).select(C.LEDGER_SCHEMA.names)
+        for s in (manifest.segments if manifest else ())
+        if s.min_update is not None
+    ]
+    if not parts:
+        return C.LEDGER_SCHEMA.empty_table()
+    return pa.concat_tables([p.cast(C.LEDGER_SCHEMA) for p in parts])
+
+
+def read_ledger(store: Store, manifest: Manifest | None = None) -> pa.Table:
+    """Every ledger row of the store: the archive's, then the learner's tail
+    (`learner/ledger.parquet`: groups not yet compacted). A group in both (a compaction
+    committed, its learner not yet past its next update) is counted once."""
+    archived = archived_ledger(store, manifest)
+    try:
+        tail = store.read_table(tail_ledger_path(store))
+    except FileNotFoundError:
+        return archived
+    tail = tail.select(C.LEDGER_SCHEMA.names).cast(C.LEDGER_SCHEMA)
+    if archived.num_rows:
+        tail = tail.filter(pc.invert(pc.is_in(tail[C.GROUP_ID], value_set=archived[C.GROUP_ID])))
+    return pa.concat_tables([archived, tail])
+
+
+def groups_as_of(store: Store, update: int) -> pa.Table:
+    """Ledger rows of the groups consumed (trained or dropped as stale) by updates ≤ `update`,
+    in the order they were consumed: the store as it stood after that update."""
+    ledger = read_ledger(store)
+    if ledger.num_rows == 0:
+        raise GagpoError(
+            f"--as-of-update {update}: store {store.url} has no learner ledger; accepted: a "
+            "store a learner trained on"
+        )
+    last = pc.max(ledger[C.LEDGER_UPDATE]).as_py()
+    if update < 0 or update > last:
+        raise GagpoError(
+            f"--as-of-update {update} is out of range; accepted: 0 … {last}, the updates "
+            f"recorded in {store.url}'s ledger"
+        )
+    rows = ledger.filter(pc.less_equal(ledger[C.LEDGER_UPDATE], update))
+    return rows.take(pc.sort_indices(rows[C.LEDGER_UPDATE]))  # stable: ledger order within one
+
+
+def advantage_tags(store: Store) -> list[str]:
+    """The tag folders under advantages/."""
+    tags = []
+    for path in store.glob(store.path(ADVANTAGES, "*")):
+        name = posixpath.basename(path.rstrip("/"))
+        if not name.startswith(".") and store.fs.isdir(path):
+            tags.append(name)
+    return sorted(tags)

@@ -1,0 +1,354 @@
+"""Compaction: consumed shards of the inbox become segments of the archive (schemas/archive.py).
+
+Only the holder of the store's lease compacts (the learner in the background, or
+`gagpo compact`, which takes the lease): one writer of the archive, on object stores too.
+One compaction, in this order, each step safe to kill:
+
+1. recover: finish what a killed compaction left (inbox shards the newest manifest moved,
+   segments and ledger parts it does not name, and their advantage tables);
+2. read the shards (a shard that fails validation is quarantined, as every reader does);
+   the newest segment of the same group size joins them while it is below the target
+   size, so segments grow to `segment_bytes` instead of one per compaction;
+3. write each new segment, sorted by group, rollout and step, its ledger rows, and each
+   advantage tag's tables of those groups, every file with its own atomic commit;
+4. commit the next manifest generation (an exclusive create: the commit point);
+5. remove the moved inbox shards, their advantage tables and the merged segment;
+6. prune old manifests.
+
+A kill before 4 leaves unnamed files that step 1 of the next compaction removes (readers
+never see them: they read what the manifest names); a kill after 4 leaves archived shards
+in the inbox that readers skip (the manifest names them) and the next compaction removes.
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from gagpo.schemas import columns as C
+from gagpo.schemas.archive import (
+    ARCHIVE,
+    KEEP_MANIFESTS,
+    LEDGER_PARTS,
+    SEGMENTS,
+    Manifest,
+    Segment,
+    advantage_tags,
+    ledger_part_path,
+    manifest_generations,
+    manifest_path,
+    read_manifest,
+    segment_path,
+)
+from gagpo.schemas.errors import GagpoError, ValidationError
+from gagpo.schemas.faults import fault_point
+from gagpo.schemas.store import ADVANTAGES, PARQUET_COMPRESSION, ShardRef, Store, new_id, parquet_table
+from gagpo.schemas.validate import check_group_owners, group_size_of, validate_steps
+
+SEGMENT_MIB = 128  # a segment grows to about this many MiB on disk
+ROW_GROUP_ROWS = 16_384  # rows per Parquet row group: pushdown by group_id skips the rest
+SORT_KEYS = [(C.GROUP_ID, "ascending"), (C.TRAJ_ID, "ascending"), (C.STEP, "ascending")]
+
+
+@dataclass
+class CompactionResult:
+    """What one compaction did."""
+
+    generation: int | None = None  # the manifest it committed (None: nothing to move)
+    shards: int = 0  # inbox shards moved into the archive
+    groups: int = 0
+    rows: int = 0
+    segments: int = 0  # segments written (a merged one counts once)
+    bytes_written: int = 0
+    groups_archived: set[str] = field(default_factory=set)  # their ledger rows are archived now
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    skipped: int = 0  # shards left in the inbox (an older schema version, vanished)
+    recovered: int = 0  # files a killed compaction left, removed
+    seconds: float = 0.0
+
+
+def recover(store: Store, manifest: Manifest | None = None) -> int:
+    """Remove what a killed compaction left behind (see the module docstring); returns the
+    number of files removed. Readers never read these files, so this only frees space and
+    shortens listings."""
+    manifest = read_manifest(store) if manifest is None else manifest
+    named = {s.id for s in manifest.segments} if manifest else set()
+    removed = 0
+    if manifest is not None and manifest.compacted:
+        moved = [r for r in store.list_shards() if r.shard_id in manifest.compacted]
+        removed += _remove_advantages(store, [r.shard_id for r in moved])
+        removed += _remove(store, [r.path for r in moved])
+    stray = [i for i in _ids(store, SEGMENTS) | _ids(store, LEDGER_PARTS) if i not in named]
+    if stray:  # advantage tables and ledger parts first, the segment itself last
+        removed += _remove_advantages(store, stray)
+        removed += _remove(store, [ledger_part_path(store, i) for i in stray])
+        removed += _remove(store, [segment_path(store, i) for i in stray])
+    return removed
+
+
+def compact(
+    store: Store,
+    shards: list[ShardRef],
+    ledger: pa.Table | None,
+    *,
+    segment_bytes: int = SEGMENT_MIB * 2**20,
+    row_group_rows: int = ROW_GROUP_ROWS,
+    check: Callable[[], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CompactionResult:
+    """Move `shards` (inbox shards every group of which may leave the inbox) into the
+    archive, with `ledger`'s rows of their groups; `check()` runs right before the
+    commit (the lease check). See the module docstring for the steps."""
+    t0 = time.perf_counter()
+    result = CompactionResult()
+    manifest = read_manifest(store)
+    result.recovered = recover(store, manifest)
+    generation = manifest.generation if manifest else 0
+    segments = list(manifest.segments) if manifest else []
+    by_size, moved = _read_shards(store, shards, result, progress)
+    if not moved:
+        result.seconds = time.perf_counter() - t0
+        return result
+    tags = advantage_tags(store)
+    written: list[Segment] = []
+    retired: list[Segment] = []
+    for group_size, parts in sorted(by_size.items()):
+        open_segment = _open_segment(segments, group_size, segment_bytes)
+        pieces = [(ref.shard_id, table, size) for ref, table, size in parts]
+        base: list[tuple[pa.Table, pa.Table | None]] = []
+        if open_segment is not None:
+            retired.append(open_segment)
+            base.append(_segment_with_ledger(store, open_segment))
+        for chunk in _chunks(pieces, segment_bytes, first=open_segment.bytes if open_segment else 0):
+            segment = _write_segment(store, chunk, base, ledger, group_size, tags,
+                                     row_group_rows, open_segment)  # fmt: skip
+            written.append(segment)
+            result.bytes_written += segment.bytes
+            base, open_segment = [], None  # only the first chunk absorbs the open segment
+    fault_point("compact-written")  # crash tests: every file written, nothing committed
+    kept = [s for s in segments if s.id not in {r.id for r in retired}]
+    new = Manifest(generation + 1, tuple(kept + written), frozenset(r.shard_id for r in moved))
+    if check is not None:
+        check()
+    if not store.create_exclusive(manifest_path(store, new.generation), new.to_json()):
+        raise GagpoError(
+            f"store {store.url}: archive generation {new.generation} was committed by another "
+            "compactor; one compactor per store (the learner holding the lease, or gagpo compact)"
+        )
+    fault_point("compact-committed")  # crash tests: committed, the inbox not yet cleared
+    result.generation = new.generation
+    result.segments = len(written)
+    result.shards = len(moved)
+    result.groups = sum(s.groups for s in written) - sum(s.groups for s in retired)
+    result.rows = sum(s.rows for s in written) - sum(s.rows for s in retired)
+    if ledger is not None and ledger.num_rows:
+        archived = set(_group_ids(by_size))
+        result.groups_archived = archived & set(ledger[C.GROUP_ID].to_pylist())
+    _remove_advantages(store, [r.shard_id for r in moved])
+    _remove(store, [r.path for r in moved])
+    for old in retired:
+        _remove_advantages(store, [old.id])
+        _remove(store, [ledger_part_path(store, old.id), segment_path(store, old.id)])
+    for old_generation in manifest_generations(store)[:-KEEP_MANIFESTS]:
+        _remove(store, [manifest_path(store, old_generation)])
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+# --- steps ----------------------------------------------------------------------------
+def _read_shards(store, shards, result, progress):
+    """The shards' tables by group size, validated; bad ones quarantined (as every reader
+    of the inbox does), shards of an older schema version left where they are."""
+    by_size: dict[int, list[tuple[ShardRef, pa.Table, int]]] = {}
+    owners: dict[str, str] = {}
+    moved: list[ShardRef] = []
+    for done, ref in enumerate(shards):
+        if progress is not None:
+            progress(done, len(shards))
+        try:
+            data = store.read_bytes(ref.path)
+        except FileNotFoundError:  # quarantined or removed meanwhile
+            result.skipped += 1
+            continue
+        try:
+            table = parquet_table(data)
+            metadata = table.schema.metadata or {}
+            validate_steps(table, metadata)
+            check_group_owners(table, ref.shard_id, owners.get)
+        except (ValidationError, pa.ArrowException, OSError, ValueError) as exc:
+            reason = str(exc) if isinstance(exc, ValidationError) else f"unreadable Parquet file ({exc})"
+            store.quarantine(ref.path, reason)
+            result.quarantined.append((ref.path, reason))
+            continue
+        if metadata.get(C.META_SCHEMA_VERSION) != C.STEPS_SCHEMA_VERSION.encode():
+            result.skipped += 1  # an older minor version: readers derive its columns
+            continue
+        owners.update(dict.fromkeys(table[C.GROUP_ID].unique().to_pylist(), ref.shard_id))
+        table = table.select(list(C.STEPS_COLUMNS)).cast(C.STEPS_SCHEMA)
+        by_size.setdefault(group_size_of(metadata), []).append((ref, table, len(data)))
+        moved.append(ref)
+    if progress is not None:
+        progress(len(shards), len(shards))
+    return by_size, moved
+
+
+def _group_ids(by_size) -> list[str]:
+    return [g for parts in by_size.values() for _, t, _ in parts
+            for g in t[C.GROUP_ID].unique().to_pylist()]  # fmt: skip
+
+
+def _open_segment(segments: list[Segment], group_size: int, limit: int) -> Segment | None:
+    """The newest segment of `group_size` still below the target size, if any."""
+    for segment in reversed(segments):
+        if segment.group_size == group_size:
+            return segment if segment.bytes < limit else None
+    return None
+
+
+def _chunks(pieces, limit: int, first: int = 0):
+    """Consecutive runs of pieces whose bytes add up to about `limit` (the first run
+    counts `first` bytes of the segment it extends)."""
+    chunk, size = [], first
+    for piece in pieces:
+        if chunk and size + piece[2] > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(piece)
+        size += piece[2]
+    if chunk:
+        yield chunk
+
+
+def _segment_with_ledger(store: Store, segment: Segment) -> tuple[pa.Table, pa.Table | None]:
+    table = store.read_table(segment_path(store, segment.id))
+    ledger = None
+    if segment.min_update is not None:
+        ledger = store.read_table(ledger_part_path(store, segment.id))
+    return table, ledger
+
+
+def _write_segment(store, chunk, base, ledger, group_size, tags, row_group_rows, open_segment):
+    """Write one segment of `chunk`'s shards (plus the open segment in `base`), its ledger
+    part and its advantage tables; return its manifest entry."""
+    segment_id = new_id()
+    tables = [t for t, _ in base] + [t for _, t, _ in chunk]
+    steps = pa.concat_tables([t.select(list(C.STEPS_COLUMNS)).cast(C.STEPS_SCHEMA) for t in tables])
+    steps = steps.sort_by(SORT_KEYS)
+    metadata = {
+        C.META_SCHEMA_VERSION: C.STEPS_SCHEMA_VERSION.encode(),
+        C.META_GROUP_SIZE: str(group_size).encode(),
+        b"gagpo.source": b"segment",
+    }
+    data = _parquet_bytes(steps.replace_schema_metadata(metadata), row_group_rows)
+    store.commit_bytes(segment_path(store, segment_id), data)
+    groups = pc.unique(steps[C.GROUP_ID])
+    rows = _ledger_rows(ledger, groups, [lg for _, lg in base if lg is not None])
+    if rows is not None:
+        store.write_parquet(rows, ledger_part_path(store, segment_id), {})
+    sources = [sid for sid, _, _ in chunk] + ([open_segment.id] if open_segment else [])
+    for tag in tags:
+        _write_advantages(store, tag, sources, segment_id, row_group_rows)
+    consumed = rows is not None and rows.num_rows == len(groups)
+    updates = rows[C.LEDGER_UPDATE] if rows is not None and rows.num_rows else None
+    return Segment(
+        id=segment_id,
+        rows=steps.num_rows,
+        groups=len(groups),
+        bytes=len(data),
+        group_size=group_size,
+        runs=tuple(sorted(pc.unique(steps[C.RUN_ID]).to_pylist())),
+        shards=len(pc.unique(steps[C.SHARD_ID])),
+        consumed=consumed,
+        min_update=None if updates is None else pc.min(updates).as_py(),
+        max_update=None if updates is None else pc.max(updates).as_py(),
+    )
+
+
+def _ledger_rows(ledger: pa.Table | None, groups: pa.Array, base: list[pa.Table]) -> pa.Table | None:
+    """The ledger rows of `groups`: the open segment's part, then `ledger`'s new ones."""
+    parts = [b.select(C.LEDGER_SCHEMA.names).cast(C.LEDGER_SCHEMA) for b in base]
+    if ledger is not None and ledger.num_rows:
+        fresh = ledger.filter(pc.is_in(ledger[C.GROUP_ID], value_set=groups))
+        if parts:
+            known = pa.concat_tables(parts)[C.GROUP_ID]
+            fresh = fresh.filter(pc.invert(pc.is_in(fresh[C.GROUP_ID], value_set=known)))
+        parts.append(fresh.select(C.LEDGER_SCHEMA.names).cast(C.LEDGER_SCHEMA))
+    rows = pa.concat_tables(parts) if parts else None
+    return rows if rows is not None and rows.num_rows else None
+
+
+def _write_advantages(store: Store, tag: str, sources: list[str], segment_id: str,
+                      row_group_rows: int) -> None:  # fmt: skip
+    """One table of `tag` for the segment: the tables of its source shards (and of the
+    segment it extends) that exist, in one file."""
+    folder = store.path(ADVANTAGES, tag)
+    present = {posixpath.basename(p)[: -len(".parquet")] for p in store.glob(f"{folder}/*.parquet")}
+    tables = []
+    for source in sources:
+        if source in present:
+            try:
+                tables.append(store.read_table(posixpath.join(folder, f"{source}.parquet")))
+            except FileNotFoundError:
+                continue
+    if not tables:
+        return
+    metadata = tables[0].schema.metadata or {}
+    table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables],
+                             promote_options="default")  # fmt: skip
+    keys = [k for k in SORT_KEYS if k[0] in table.column_names]
+    table = table.sort_by(keys).replace_schema_metadata(metadata)
+    store.commit_bytes(posixpath.join(folder, f"{segment_id}.parquet"),
+                       _parquet_bytes(table, row_group_rows))  # fmt: skip
+
+
+def _parquet_bytes(table: pa.Table, row_group_rows: int) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression=PARQUET_COMPRESSION, row_group_size=row_group_rows)
+    return buffer.getvalue()
+
+
+# --- removal --------------------------------------------------------------------------
+def _ids(store: Store, folder: str) -> set[str]:
+    paths = store.glob(store.path(ARCHIVE, folder, "*.parquet"))
+    return {posixpath.basename(p)[: -len(".parquet")] for p in paths
+            if not posixpath.basename(p).startswith(".")}  # fmt: skip
+
+
+def _remove_advantages(store: Store, ids: list[str]) -> int:
+    """Remove the advantage tables named by `ids` under every tag; returns how many."""
+    wanted = set(ids)
+    if not wanted:
+        return 0
+    paths = []
+    for tag in advantage_tags(store):
+        for path in store.glob(store.path(ADVANTAGES, tag, "*.parquet")):
+            if posixpath.basename(path)[: -len(".parquet")] in wanted:
+                paths.append(path)
+    return _remove(store, paths)
+
+
+def _remove(store: Store, paths: list[str]) -> int:
+    """Delete `paths` (bulk where the backend has it), retried; missing ones are no error."""
+    if not paths:
+        return 0
+
+    def rm() -> None:
+        store.fs.invalidate_cache()
+        present = [p for p in paths if store.fs.exists(p)] if store.is_local else paths
+        if present:
+            try:
+                store.fs.rm(present)
+            except FileNotFoundError:
+                for path in present:
+                    if store.fs.exists(path):
+                        store.fs.rm_file(path)
+
+    store.retrying(f"removing {len(paths)} file(s) of a compaction", rm)
+    return len(paths)
