@@ -124,7 +124,7 @@ def save_state(store: Store, parent: Head, child: Head, model, optimizer, schedu
             "rng": rng_state(),
         }
         torch.save(trainer, folder / "trainer.pt")
-        pq.write_table(ledger.table(), folder / "ledger.parquet")
+        pq.write_table(ledger.tail_table(), folder / "ledger.parquet")
         (folder / "state.json").write_text(json.dumps(child.record(parent)))
         put_folder(store, folder, checkpoint_dir(store, child.version), phase="checkpoint")
 

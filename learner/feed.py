@@ -89,8 +89,8 @@ class Batch:
 class Ledger:
     """Which groups were consumed, by which update; see the module docstring.
 
-    Rows of compacted groups live in the archive (schemas/archive.py); `table()` and
-    `commit` hold only the tail, the rows of groups still in the inbox."""
+    Rows of compacted groups live in the archive (schemas/archive.py); `commit` writes
+    only the tail (`tail_table()`), the rows of groups still in the inbox."""
 
     def __init__(self, table: pa.Table | None = None, archived: pa.Table | None = None) -> None:
         self.rows: dict[str, dict] = {}
@@ -150,11 +150,15 @@ class Ledger:
     def truncated(self, update: int) -> Ledger:
         """The ledger as it stood after `update` (resume from a checkpoint of that update).
         Archived rows stay: a compaction archives only published updates."""
-        table = self.table()
-        return Ledger(table.filter(pc.less_equal(table[UPDATE], update)), self.archived_table())
+        tail = self.tail_table()
+        return Ledger(tail.filter(pc.less_equal(tail[UPDATE], update)), self.archived_table())
 
     def table(self) -> pa.Table:
-        """The tail: rows of groups the archive does not hold."""
+        """Every row, archived and tail, in the order they were recorded."""
+        return pa.Table.from_pylist(list(self.rows.values()), schema=LEDGER_SCHEMA)
+
+    def tail_table(self) -> pa.Table:
+        """The tail: rows of groups the archive does not hold (learner/ledger.parquet)."""
         rows = [r for g, r in self.rows.items() if g not in self._archived]
         return pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA)
 
@@ -162,12 +166,8 @@ class Ledger:
         rows = [r for g, r in self.rows.items() if g in self._archived]
         return pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA)
 
-    def full_table(self) -> pa.Table:
-        """Every row, archived and tail, in the order they were recorded."""
-        return pa.Table.from_pylist(list(self.rows.values()), schema=LEDGER_SCHEMA)
-
     def commit(self, store: Store, metadata: dict[bytes, bytes] | None = None) -> None:
-        store.write_parquet(self.table(), store.path(LEARNER, LEDGER_FILE), metadata or {})
+        store.write_parquet(self.tail_table(), store.path(LEARNER, LEDGER_FILE), metadata or {})
 
 
 @dataclass
@@ -219,6 +219,7 @@ class Feed:
         self._unrecorded: list[GroupRef] = []  # dropped, not yet recorded in the ledger
         self._bytes: dict[str, int] = {}  # shard_id → its file's size (compaction by size)
         self._segments: set[str] = set()  # paths of archive segments among the files read
+        self._listed = False  # the archive was looked at (once when following a store)
         # An exact replay: the groups to train, in this order (None: every group, as read).
         self._order = None if replay_order is None else {g: i for i, g in enumerate(replay_order)}
         self.stop_reason: str | None = None  # why next_batch last returned None
@@ -252,14 +253,18 @@ class Feed:
         return moved
 
     def _listing(self) -> list[ShardRef]:
-        """The files to read: the inbox; in a replay, the replayed store's archive segments
-        (as refs named by segment id) and then its inbox (schemas/archive.py)."""
-        if not self.replay:
-            return self.source.list_shards()
+        """The files to read (schemas/archive.py): in a replay, the replayed store's archive
+        segments (as refs named by segment id) and then its inbox. Following a store, its
+        inbox, and on the first listing the segments holding groups no learner consumed
+        (`gagpo compact --all` moved them): the ledger skips those it already holds."""
         from gagpo.schemas.archive import segment_path, step_files
 
+        if not self.replay and self._listed:
+            return self.source.list_shards()
+        self._listed = True
         files = step_files(self.source)
-        segments = [ShardRef(segment_path(self.source, s.id), "", s.id) for s in files.segments]
+        wanted = [s for s in files.segments if self.replay or not s.consumed]
+        segments = [ShardRef(segment_path(self.source, s.id), "", s.id) for s in wanted]
         self._segments.update(ref.path for ref in segments)
         return segments + list(files.shards)
 
@@ -280,7 +285,8 @@ class Feed:
             advantages = self.advantage_fn(steps.lazy().select(C.ADVANTAGE_INPUT_COLUMNS)).collect()
         except (ValidationError, pl.exceptions.PolarsError, pa.ArrowInvalid) as exc:
             self.stats.shards_rejected += 1
-            if not self.replay:  # a replay source is read only: skip, counted
+            # a replay source is read only, and the archive is never quarantined: skip, counted
+            if not self.replay and ref.path not in self._segments:
                 self.store.quarantine(ref.path, str(exc))
             return
         except FileNotFoundError:  # quarantined or removed by someone else meanwhile

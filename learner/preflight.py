@@ -34,8 +34,15 @@ def check_start(cfg) -> None:
             )
     if cfg.replay is not None:
         source = Store(cfg.replay)
-        if not source.fs.exists(source.root) or not source.list_shards():
+        from gagpo.schemas.archive import step_files
+
+        if not source.fs.exists(source.root) or step_files(source).empty:
             raise GagpoError(
                 f"--replay: store {cfg.replay!r} is missing or holds no committed shard; accepted: "
-                "a store with shards/run=<id>/<shard>.parquet written by gagpo-actors"
+                "a store with shards/run=<id>/<shard>.parquet written by gagpo-actors (or "
+                "archive segments made from them by gagpo compact)"
             )
+        if cfg.replay_as_of_update is not None:
+            from gagpo.schemas.archive import groups_as_of
+
+            groups_as_of(source, cfg.replay_as_of_update)  # one line for an update out of range

@@ -418,7 +418,7 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
         summary.tokens += stats["tokens"]
         if compactor is not None:  # off the critical path: a thread, collected later
             _archive(feed, compactor.collect())
-            compactor.maybe_start(feed.ledger.full_table, update, feed.consumed_bytes())
+            compactor.maybe_start(feed.ledger.table, update, feed.consumed_bytes())
     if d.main:
         log.close()
         if compactor is not None:
