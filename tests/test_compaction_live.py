@@ -103,3 +103,52 @@ def test_readers_never_fail_nor_double_count_while_the_learner_compacts(tmp_path
     files = step_files(store)
     assert files.segments and manifest.groups >= 1
     assert not {r.shard_id for r in files.shards} & manifest.compacted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["compact-written", "compact-committed"])
+def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(tmp_path: Path, phase: str) -> None:
+    """SIGKILL the learner while its background compaction is at `phase` (its second
+    compaction), then --resume: one lineage, every group trained once, and the next
+    compaction finishes what the killed one left (nothing unnamed left in the archive)."""
+    from gagpo.schemas.archive import ARCHIVE, LEDGER_PARTS, SEGMENTS
+    from tests.test_learner_support import ROOT, learner_cmd, write_shards
+    from tests.test_resume_lineage import B, UPDATES, args, assert_one_lineage
+
+    store_dir = tmp_path / "store"
+    store = Store(str(store_dir))
+    from tests.test_learner_support import tiny_model_dir
+
+    write_shards(store, UPDATES, groups=B)  # one shard consumed per update
+    store.publish_base_policy(str(tiny_model_dir()))  # v0, as actors publish it
+
+    held = tmp_path / "held"
+    compaction = ["--set", "compaction.every_updates=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GAGPO_HOLD": f"{phase}:2:{held}"}
+    proc = subprocess.Popen(learner_cmd(*args(store_dir), *compaction), cwd=ROOT, env=env,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not held.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the learner never reached the hold point"
+            time.sleep(0.05)
+        os.kill(proc.pid, 9)
+    finally:
+        proc.wait(timeout=60)
+        proc.stderr.close()
+    before = read_manifest(store)
+    done = subprocess.run(learner_cmd(*args(store_dir, "--resume"), *compaction), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_one_lineage(store)
+    after = read_manifest(store)
+    assert after.generation > (before.generation if before else 0)
+    named = {s.id for s in after.segments}
+    for folder in (SEGMENTS, LEDGER_PARTS):
+        ids = {p.stem for p in (store_dir / ARCHIVE / folder).glob("*.parquet")}
+        assert ids <= named, f"{folder}: {ids - named} left by the killed compaction"
+    steps = read_steps_table(store, [C.TRAJ_ID, C.STEP, C.GROUP_ID])
+    assert len(set(steps[C.GROUP_ID].to_pylist())) == UPDATES * B
+    assert len(set(zip(steps[C.TRAJ_ID].to_pylist(), steps[C.STEP].to_pylist(), strict=True))) == steps.num_rows
