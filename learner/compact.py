@@ -131,14 +131,20 @@ def describe(result: CompactionResult) -> str:
     return "; ".join(parts)
 
 
-def published_update(store: Store) -> int | None:
-    """The learner update that made LATEST's version (None: nothing published but v0)."""
-    from gagpo.learner.checkpoint import read_lineage
+def published_update(store: Store) -> int:
+    """The learner update that made LATEST's version (0: nothing published but v0)."""
+    import json
+
+    from gagpo.learner.publish import LINEAGE_FILE
 
     latest = store.latest_version()
     if not latest:
-        return None
-    return int(read_lineage(store, latest).get("update", latest))
+        return 0
+    try:  # learner/checkpoint.py's record, read without importing torch
+        lineage = json.loads(store.read_bytes(f"{store.policy_dir(latest)}/{LINEAGE_FILE}"))
+    except FileNotFoundError:
+        lineage = {}
+    return int(lineage.get("update", latest))
 
 
 def compact_store(url: str, run_id: str | None, everything: bool,
@@ -157,9 +163,8 @@ def compact_store(url: str, run_id: str | None, everything: bool,
         if everything:
             ids = pa.array(sorted({r.shard_id for r in refs}), pa.string())
             rows = ledger.filter(pc.is_in(ledger[C.SHARD_ID], value_set=ids))
-            published = published_update(store)
-            if published is not None and rows.num_rows:  # never rows of an unpublished update
-                rows = rows.filter(pc.less_equal(rows[C.LEDGER_UPDATE], published))
+            if rows.num_rows:  # never rows of an unpublished update
+                rows = rows.filter(pc.less_equal(rows[C.LEDGER_UPDATE], published_update(store)))
         else:
             refs, rows = consumed_shards(refs, ledger, published_update(store))
         echo(f"compacting {len(refs)} shard(s) of {url}" + ("" if everything else

@@ -17,7 +17,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
-from gagpo.schemas.archive import ARCHIVE, SEGMENTS, StepFiles, step_files
+from gagpo.schemas.archive import StepFiles, step_files
 from gagpo.schemas.retry import first_line
 from gagpo.schemas.store import ADVANTAGES, LEARNER, Store
 from gagpo.schemas.versions import complete_versions, is_published, version_folders
@@ -141,16 +141,15 @@ def parquet_source(filesystem, paths: list[str], schema: pa.Schema, **options):
 
 
 def _advantage_files(store: Store, files: StepFiles | None = None) -> list[str]:
-    """Every advantage table but those of shards the archive holds (its segment's table
-    has their rows) and of segments the archive does not name (a killed compaction's)."""
+    """The advantage tables of the store's steps files: one per archive segment and inbox
+    shard. Tables of shards the archive holds (its segment's table has their rows) and of
+    segments it no longer names (merged, or a killed compaction's) are left out, so each
+    step has one row per tag."""
     files = step_files(store) if files is None else files
     paths = committed(store, store.path(ADVANTAGES, "*", "*.parquet"))
     if files.manifest is not None:
-        named = {s.id for s in files.manifest.segments}
-        stray = {posixpath.basename(p)[: -len(".parquet")] for p in
-                 store.glob(store.path(ARCHIVE, SEGMENTS, "*.parquet"))} - named  # fmt: skip
-        hidden = files.manifest.compacted | stray
-        paths = [p for p in paths if posixpath.basename(p)[: -len(".parquet")] not in hidden]
+        alive = set(files.ids())
+        paths = [p for p in paths if posixpath.basename(p)[: -len(".parquet")] in alive]
     return readable(store, paths, None, "advantages")  # writers of other float widths: cast
 
 

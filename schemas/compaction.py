@@ -85,12 +85,42 @@ def recover(store: Store, manifest: Manifest | None = None) -> int:
         moved = [r for r in store.list_shards() if r.shard_id in manifest.compacted]
         removed += _remove_advantages(store, [r.shard_id for r in moved])
         removed += _remove(store, [r.path for r in moved])
-    stray = [i for i in _ids(store, SEGMENTS) | _ids(store, LEDGER_PARTS) if i not in named]
+    segments, parts = _ids(store, SEGMENTS), _ids(store, LEDGER_PARTS)
+    stray = sorted((segments | parts) - named)
     if stray:  # advantage tables and ledger parts first, the segment itself last
         removed += _remove_advantages(store, stray)
-        removed += _remove(store, [ledger_part_path(store, i) for i in stray])
-        removed += _remove(store, [segment_path(store, i) for i in stray])
+        removed += _remove(store, [ledger_part_path(store, i) for i in stray if i in parts])
+        removed += _remove(store, [segment_path(store, i) for i in stray if i in segments])
+    # a killed commit's temporary files: archive/ has one writer, the lease holder (this one)
+    removed += _remove(store, _temporaries(store, stray))
+    # tables of files that are gone (a segment merged while a recompute wrote its table)
+    removed += _remove(store, _orphan_advantages(store, named))
     return removed
+
+
+def _temporaries(store: Store, stray: list[str]) -> list[str]:
+    found = [p for folder in (SEGMENTS, LEDGER_PARTS)
+             for p in store.glob(store.path(ARCHIVE, folder, ".tmp-*"))]  # fmt: skip
+    ends = tuple(f"-{i}.parquet" for i in stray)
+    if ends:
+        for tag in advantage_tags(store):
+            found += [p for p in store.glob(store.path(ADVANTAGES, tag, ".tmp-*")) if p.endswith(ends)]
+    return found
+
+
+def _orphan_advantages(store: Store, named: set[str]) -> list[str]:
+    """Advantage tables named by neither a segment of the archive nor a shard of the inbox."""
+    tags = advantage_tags(store)
+    if not tags:
+        return []
+    alive = named | {r.shard_id for r in store.list_shards()}
+    found = []
+    for tag in tags:
+        for path in store.glob(store.path(ADVANTAGES, tag, "*.parquet")):
+            name = posixpath.basename(path)
+            if not name.startswith(".") and name[: -len(".parquet")] not in alive:
+                found.append(path)
+    return found
 
 
 def compact(
