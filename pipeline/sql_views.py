@@ -139,11 +139,11 @@ def view_statements(gamma: float) -> Iterable[str]:
     yield """
     CREATE VIEW state_pools AS
     WITH pooled AS (
-        SELECT estimator, group_id, traj_id, state_key, coalesce(pool_id, state_key) AS pool_id,
-               "return"
+        SELECT estimator, group_id, traj_id, step, state_key,
+               coalesce(pool_id, state_key) AS pool_id, "return"
         FROM advantages
         UNION ALL
-        SELECT NULL::VARCHAR AS estimator, r.group_id, r.traj_id, r.state_key,
+        SELECT NULL::VARCHAR AS estimator, r.group_id, r.traj_id, r.step, r.state_key,
                r.state_key AS pool_id, r."return"
         FROM step_returns r
         ANTI JOIN (SELECT DISTINCT group_id FROM advantages) a USING (group_id)
@@ -151,8 +151,10 @@ def view_statements(gamma: float) -> Iterable[str]:
         SELECT estimator, group_id, pool_id,
                count(*) AS pool_visits,
                count(DISTINCT state_key) AS pool_states,
-               avg("return") AS value_proxy,
-               stddev_pop("return") AS return_std,
+               -- summed in (rollout, step) order: the same answer whatever the files'
+               -- layout (shards or archive segments), bit for bit
+               avg("return" ORDER BY traj_id, step) AS value_proxy,
+               stddev_pop("return" ORDER BY traj_id, step) AS return_std,
                min("return") AS return_min,
                max("return") AS return_max
         FROM pooled GROUP BY estimator, group_id, pool_id

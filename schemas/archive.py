@@ -1,8 +1,8 @@
 """The archive: consumed groups compacted out of the inbox (shards/) into large segments.
 
     STORE/archive/manifest/<generation>.json     the archive as one compaction left it
-    STORE/archive/segments/<segment_id>.parquet  steps of whole groups, sorted by group,
-                                                 rollout and step; zstd, bounded row groups
+    STORE/archive/segments/<segment_id>.parquet  steps of whole groups in group-id order
+                                                 (each in its actor's row order); zstd
     STORE/archive/ledger/<segment_id>.parquet    the learner's ledger rows of those groups
     STORE/advantages/<tag>/<segment_id>.parquet  a segment's advantage tables, beside the
                                                  per-shard tables of the inbox

@@ -9,7 +9,8 @@ One compaction, in this order, each step safe to kill:
 2. read the shards (a shard that fails validation is quarantined, as every reader does);
    the newest segment of the same group size joins them while it is below the target
    size, so segments grow to `segment_bytes` instead of one per compaction;
-3. write each new segment, sorted by group, rollout and step, its ledger rows, and each
+3. write each new segment, its groups in id order (each in the actor's row order), its
+   ledger rows, and each
    advantage tag's tables of those groups, every file with its own atomic commit;
 4. commit the next manifest generation (an exclusive create: the commit point);
 5. remove the moved inbox shards, their advantage tables and the merged segment;
@@ -54,7 +55,14 @@ from gagpo.schemas.validate import check_group_owners, group_size_of, validate_s
 
 SEGMENT_MIB = 128  # a segment grows to about this many MiB on disk
 ROW_GROUP_ROWS = 16_384  # rows per Parquet row group: pushdown by group_id skips the rest
-SORT_KEYS = [(C.GROUP_ID, "ascending"), (C.TRAJ_ID, "ascending"), (C.STEP, "ascending")]
+# Groups contiguous, in id order; within a group the actor's own row order (turn by turn),
+# kept by a stable sort: the advantage stage's sums run in row order, so a recompute over a
+# segment equals the one over its shards bit for bit (benchmarks/compaction_equality.py).
+SORT_KEYS = [(C.GROUP_ID, "ascending")]
+
+
+def _by_group(table: pa.Table) -> pa.Table:
+    return table.take(pc.sort_indices(table, SORT_KEYS))  # Arrow's sort is stable
 
 
 @dataclass
@@ -270,7 +278,7 @@ def _write_segment(store, chunk, base, ledger, group_size, tags, row_group_rows,
     segment_id = new_id()
     tables = [t for t, _ in base] + [t for _, t, _ in chunk]
     steps = pa.concat_tables([t.select(list(C.STEPS_COLUMNS)).cast(C.STEPS_SCHEMA) for t in tables])
-    steps = steps.sort_by(SORT_KEYS)
+    steps = _by_group(steps)
     metadata = {
         C.META_SCHEMA_VERSION: C.STEPS_SCHEMA_VERSION.encode(),
         C.META_GROUP_SIZE: str(group_size).encode(),
@@ -332,8 +340,7 @@ def _write_advantages(store: Store, tag: str, sources: list[str], segment_id: st
     metadata = tables[0].schema.metadata or {}
     table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables],
                              promote_options="default")  # fmt: skip
-    keys = [k for k in SORT_KEYS if k[0] in table.column_names]
-    table = table.sort_by(keys).replace_schema_metadata(metadata)
+    table = _by_group(table).replace_schema_metadata(metadata)
     store.commit_bytes(posixpath.join(folder, f"{segment_id}.parquet"),
                        _parquet_bytes(table, row_group_rows))  # fmt: skip
 

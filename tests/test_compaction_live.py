@@ -152,3 +152,29 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(tmp_path: Pat
     steps = read_steps_table(store, [C.TRAJ_ID, C.STEP, C.GROUP_ID])
     assert len(set(steps[C.GROUP_ID].to_pylist())) == UPDATES * B
     assert len(set(zip(steps[C.TRAJ_ID].to_pylist(), steps[C.STEP].to_pylist(), strict=True))) == steps.num_rows
+
+
+@pytest.mark.slow
+def test_every_view_and_recompute_is_the_same_after_gagpo_compact(tmp_path: Path) -> None:
+    """A store that actors and a learner wrote (the tiny recipe, learner compaction off):
+    every SQL view returns the same rows after `gagpo compact --all`, and GAGPO recomputed
+    on the segments equals the recompute on the shards, float for float
+    (benchmarks/compaction_equality.py; RESULTS.md has the demo store's run)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from compaction_equality import compare
+    finally:
+        sys.path.pop(0)
+    store_dir = tmp_path / "store"
+    env = dict(os.environ, HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path))
+    done = subprocess.run(
+        [GAGPO, "run", "--store", str(store_dir), "--recipe", "tiny", "--no-warmstart",
+         "--set", "learner.updates=4", "--set", "learner.compaction.every_updates=0",
+         "--set", "learner.compaction.min_mib=0"],  # fmt: skip
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert read_manifest(Store(str(store_dir))) is None  # the learner did not compact
+    lines: list[str] = []
+    assert compare(str(store_dir), echo=lines.append) == [], "\n".join(lines)
+    assert sum(" same" in line for line in lines) == 12  # 11 views and the recompute
