@@ -71,8 +71,9 @@ class CompactionSettings(Config):
     min_mib: float = Field(64.0, ge=0.0, le=1e6)
     """Or sooner, once the consumed shards still in the inbox hold this many MiB; 0: only by
     updates."""
-    segment_mib: float = Field(128.0, gt=0.0, le=1e6)
-    """Target size of a segment file; the newest segment grows until it reaches it."""
+    segment_mib: float = Field(64.0, gt=0.0, le=1e6)
+    """Target size of a segment, in MiB of the shards it takes in (a compaction holds about
+    15 times that in memory at its peak); the newest segment grows until it reaches it."""
 
     @property
     def enabled(self) -> bool:

@@ -53,7 +53,7 @@ from gagpo.schemas.faults import fault_point
 from gagpo.schemas.store import ADVANTAGES, PARQUET_COMPRESSION, ShardRef, Store, new_id, parquet_table
 from gagpo.schemas.validate import check_group_owners, group_size_of, validate_steps
 
-SEGMENT_MIB = 128  # a segment grows to about this many MiB on disk
+SEGMENT_MIB = 64  # a segment grows to about this many MiB of shards (memory: ~15x that, once)
 ROW_GROUP_ROWS = 16_384  # rows per Parquet row group: pushdown by group_id skips the rest
 # Groups contiguous, in id order; within a group the actor's own row order (turn by turn),
 # kept by a stable sort: the advantage stage's sums run in row order, so a recompute over a
@@ -150,26 +150,47 @@ def compact(
     result.recovered = recover(store, manifest)
     generation = manifest.generation if manifest else 0
     segments = list(manifest.segments) if manifest else []
-    by_size, moved = _read_shards(store, shards, result, progress)
-    if not moved:
-        result.seconds = time.perf_counter() - t0
-        return result
     tags = advantage_tags(store)
     written: list[Segment] = []
     retired: list[Segment] = []
-    for group_size, parts in sorted(by_size.items()):
-        open_segment = _open_segment(segments, group_size, segment_bytes)
-        pieces = [(ref.shard_id, table, size) for ref, table, size in parts]
-        base: list[tuple[pa.Table, pa.Table | None]] = []
+    archived: set[str] = set()  # group ids moved
+    pending: dict[int, list[tuple[str, pa.Table, int]]] = {}  # group size → shards read
+    opened: dict[int, Segment | None] = {}  # group size → the segment its first one extends
+
+    def flush(group_size: int) -> None:
+        """Write the shards read for `group_size` as one segment (the first absorbing the
+        open segment of that size), then let them go: memory holds one segment's worth."""
+        chunk = pending.pop(group_size, [])
+        if not chunk:
+            return
+        open_segment = opened.get(group_size)
+        base = []
         if open_segment is not None:
             retired.append(open_segment)
             base.append(_segment_with_ledger(store, open_segment))
-        for chunk in _chunks(pieces, segment_bytes, first=open_segment.bytes if open_segment else 0):
-            segment = _write_segment(store, chunk, base, ledger, group_size, tags,
-                                     row_group_rows, open_segment)  # fmt: skip
-            written.append(segment)
-            result.bytes_written += segment.bytes
-            base, open_segment = [], None  # only the first chunk absorbs the open segment
+        opened[group_size] = None  # later chunks of this size start new segments
+        segment = _write_segment(store, chunk, base, ledger, group_size, tags,
+                                 row_group_rows, open_segment)  # fmt: skip
+        written.append(segment)
+        result.bytes_written += segment.bytes
+
+    moved: list[ShardRef] = []
+    for ref, table, size, group_size in _read_shards(store, shards, result, progress):
+        if group_size not in opened:
+            opened[group_size] = _open_segment(segments, group_size, segment_bytes)
+        chunk = pending.setdefault(group_size, [])
+        first = opened[group_size].bytes if opened[group_size] is not None else 0
+        if chunk and first + sum(piece[2] for piece in chunk) + size > segment_bytes:
+            flush(group_size)
+            chunk = pending.setdefault(group_size, [])
+        chunk.append((ref.shard_id, table, size))
+        archived.update(table[C.GROUP_ID].unique().to_pylist())
+        moved.append(ref)
+    for group_size in sorted(pending):
+        flush(group_size)
+    if not moved:
+        result.seconds = time.perf_counter() - t0
+        return result
     fault_point("compact-written")  # crash tests: every file written, nothing committed
     kept = [s for s in segments if s.id not in {r.id for r in retired}]
     new = Manifest(generation + 1, tuple(kept + written), frozenset(r.shard_id for r in moved))
@@ -187,7 +208,6 @@ def compact(
     result.groups = sum(s.groups for s in written) - sum(s.groups for s in retired)
     result.rows = sum(s.rows for s in written) - sum(s.rows for s in retired)
     if ledger is not None and ledger.num_rows:
-        archived = set(_group_ids(by_size))
         result.groups_archived = archived & set(ledger[C.GROUP_ID].to_pylist())
     _remove_advantages(store, [r.shard_id for r in moved])
     _remove(store, [r.path for r in moved])
@@ -202,11 +222,10 @@ def compact(
 
 # --- steps ----------------------------------------------------------------------------
 def _read_shards(store, shards, result, progress):
-    """The shards' tables by group size, validated; bad ones quarantined (as every reader
-    of the inbox does), shards of an older schema version left where they are."""
-    by_size: dict[int, list[tuple[ShardRef, pa.Table, int]]] = {}
+    """Yield (ref, table, bytes, group size) of each shard, validated; bad ones are
+    quarantined (as every reader of the inbox does), shards of an older schema version
+    left where they are."""
     owners: dict[str, str] = {}
-    moved: list[ShardRef] = []
     for done, ref in enumerate(shards):
         if progress is not None:
             progress(done, len(shards))
@@ -230,16 +249,9 @@ def _read_shards(store, shards, result, progress):
             continue
         owners.update(dict.fromkeys(table[C.GROUP_ID].unique().to_pylist(), ref.shard_id))
         table = table.select(list(C.STEPS_COLUMNS)).cast(C.STEPS_SCHEMA)
-        by_size.setdefault(group_size_of(metadata), []).append((ref, table, len(data)))
-        moved.append(ref)
+        yield ref, table, len(data), group_size_of(metadata)
     if progress is not None:
         progress(len(shards), len(shards))
-    return by_size, moved
-
-
-def _group_ids(by_size) -> list[str]:
-    return [g for parts in by_size.values() for _, t, _ in parts
-            for g in t[C.GROUP_ID].unique().to_pylist()]  # fmt: skip
 
 
 def _open_segment(segments: list[Segment], group_size: int, limit: int) -> Segment | None:
@@ -248,20 +260,6 @@ def _open_segment(segments: list[Segment], group_size: int, limit: int) -> Segme
         if segment.group_size == group_size:
             return segment if segment.bytes < limit else None
     return None
-
-
-def _chunks(pieces, limit: int, first: int = 0):
-    """Consecutive runs of pieces whose bytes add up to about `limit` (the first run
-    counts `first` bytes of the segment it extends)."""
-    chunk, size = [], first
-    for piece in pieces:
-        if chunk and size + piece[2] > limit:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(piece)
-        size += piece[2]
-    if chunk:
-        yield chunk
 
 
 def _segment_with_ledger(store: Store, segment: Segment) -> tuple[pa.Table, pa.Table | None]:
