@@ -217,11 +217,17 @@ def shard_task(ref, url: str, config, run_id: str | None = None,
 
     store = worker_store(url)
     try:
-        shard = store.read_shard(ref)
+        if ref.run_id == "":  # an archive segment: validated when compacted, read what we use
+            columns = list(dict.fromkeys([*C.ADVANTAGE_INPUT_COLUMNS, C.RUN_ID, C.GROUP_ID]))
+            shard = store.read_table(ref.path, columns)
+        else:
+            shard = store.read_shard(ref)
     except ValidationError as exc:
         return ShardResult(ref, error=_message(exc))
     except FileNotFoundError:
         return ShardResult(ref, missing=True)
+    except (pa.ArrowException, OSError) as exc:  # a segment that does not decode
+        return ShardResult(ref, error=f"unreadable Parquet file ({_message(exc)})")
     all_groups = shard.column(C.GROUP_ID).unique().to_pylist()
     if run_id is not None:
         shard = shard.filter(pc.equal(shard[C.RUN_ID], run_id))
@@ -333,7 +339,8 @@ def recompute_store(
 
 
 def _file_refs(store, files) -> list:
-    """Segments (as refs named by their segment id), then the inbox shards."""
+    """Segments (as refs named by their segment id, with no run: shard_task tells them so),
+    then the inbox shards."""
     from gagpo.schemas.archive import segment_path
     from gagpo.schemas.store import ShardRef
 
