@@ -306,7 +306,10 @@ def _forget_after(store: Store, head: Head, ledger: Ledger) -> None:
     """Undo what a killed, unpublished update left: its ledger rows, metrics and state."""
     ledger.commit(store)
     for path in store.glob(store.path(LEARNER, METRICS, "*.parquet")):
-        if int(path.rsplit("/", 1)[-1].split(".")[0]) > head.update:
+        name = path.rsplit("/", 1)[-1]
+        if name.startswith("."):  # a temporary file of a killed write: the sweep's
+            continue
+        if int(name.split(".")[0]) > head.update:
             store.remove(path)
     for v in state_versions(store):
         if v > head.version:

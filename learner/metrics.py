@@ -224,7 +224,8 @@ def read_metrics(store: Store):
     """All metrics rows as a Polars DataFrame, ordered by update."""
     import polars as pl
 
-    paths = sorted(store.glob(store.path(LEARNER, METRICS, "*.parquet")))
+    paths = sorted(p for p in store.glob(store.path(LEARNER, METRICS, "*.parquet"))
+                   if not p.rsplit("/", 1)[-1].startswith("."))  # a killed write's temporary
     if not paths:
         return pl.DataFrame()
     return pl.concat([pl.from_arrow(store.read_table(p)) for p in paths]).sort("update")

@@ -275,14 +275,16 @@ def query_store(store: Store | str, query: str, *, gamma: float = DEFAULT_GAMMA,
     query ran (its groups are in a segment now) makes the query run again on the store as
     it stands: a query never fails, nor counts twice, because a compaction committed."""
     for attempt in range(5):
-        con = open_store_db(store, gamma=gamma, limits=limits, as_of_update=as_of_update)
+        con = None
         try:
+            con = open_store_db(store, gamma=gamma, limits=limits, as_of_update=as_of_update)
             return run_query(con, query, limits)
         except (GagpoError, OSError, pa.ArrowException) as exc:
             if attempt == 4 or not _vanished(exc):
                 raise
         finally:
-            close_store_db(con)
+            if con is not None:
+                close_store_db(con)
     raise AssertionError("unreachable")
 
 

@@ -62,7 +62,8 @@ SORT_KEYS = [(C.GROUP_ID, "ascending")]
 
 
 def _by_group(table: pa.Table) -> pa.Table:
-    return table.take(pc.sort_indices(table, SORT_KEYS))  # Arrow's sort is stable
+    keys = table.select([name for name, _ in SORT_KEYS]).combine_chunks()
+    return table.combine_chunks().take(pc.sort_indices(keys, SORT_KEYS))  # a stable sort
 
 
 @dataclass

@@ -56,6 +56,8 @@ def test_readers_never_fail_nor_double_count_while_the_learner_compacts(tmp_path
             except GagpoError as exc:
                 if "does not exist" not in str(exc):  # before the first actor commits
                     errors.append(f"sql: {exc}")
+            except Exception as exc:  # noqa: BLE001  (any other failure of a reader counts)
+                errors.append(f"sql: {type(exc).__name__}: {exc}")
             time.sleep(0.05)
 
     def recompute() -> None:
@@ -66,6 +68,8 @@ def test_readers_never_fail_nor_double_count_while_the_learner_compacts(tmp_path
             except GagpoError as exc:
                 if "no committed shard" not in str(exc):
                     errors.append(f"advantages: {exc}")
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"advantages: {type(exc).__name__}: {exc}")
             time.sleep(0.1)
 
     readers = [threading.Thread(target=query), threading.Thread(target=recompute)]
