@@ -99,6 +99,11 @@ trajectories as (
 )
 """
 FLOOR_COUNT = "select count(*) from read_parquet('{path}')"
+
+
+def sql_argv(gagpo: str, store, query: str) -> list[str]:
+    """`gagpo sql` on `store`, CSV out, no time limit."""
+    return [gagpo, "sql", "--store", str(store), "--format", "csv", "--timeout", "0", query]
 FLOOR_POLICY = FLOOR_TRAJECTORIES + SQL_POLICY
 
 
@@ -523,17 +528,7 @@ class Bench:
                 res[key] = Cell(skipped=f"skipped (--skip-before-above {a.skip_before_above})")
                 continue
             if row == "sql_count":
-                argv = [
-                    gagpo,
-                    "sql",
-                    "--store",
-                    str(store),
-                    "--format",
-                    "csv",
-                    "--timeout",
-                    "0",
-                    SQL_COUNT,
-                ]
+                argv = sql_argv(gagpo, store, SQL_COUNT)
 
                 def check(proc):
                     rows = parse_csv(proc.stdout)
@@ -541,17 +536,7 @@ class Bench:
                     ok = got is not None and got.isdigit() and int(got) == built.rows
                     return got, None if ok else f"⚠ count {got}, expected {built.rows}"
             elif row == "sql_policy":
-                argv = [
-                    gagpo,
-                    "sql",
-                    "--store",
-                    str(store),
-                    "--format",
-                    "csv",
-                    "--timeout",
-                    "0",
-                    SQL_POLICY,
-                ]
+                argv = sql_argv(gagpo, store, SQL_POLICY)
 
                 def check(proc):
                     rows = [tuple(r) for r in parse_csv(proc.stdout)[1:]]

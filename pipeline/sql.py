@@ -55,8 +55,8 @@ import pyarrow as pa
 from gagpo.pipeline import sql_sources as src
 from gagpo.pipeline.sql_views import VIEWS, view_statements
 from gagpo.schemas import columns as C
-from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.archive import step_files
+from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import EVAL, HELDOUT, Store
 
 # Same default as the advantage stage (docs/design.md §4); used only where no advantages exist.

@@ -50,7 +50,14 @@ from gagpo.schemas.archive import (
 )
 from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.faults import fault_point
-from gagpo.schemas.store import ADVANTAGES, PARQUET_COMPRESSION, ShardRef, Store, new_id, parquet_table
+from gagpo.schemas.store import (
+    ADVANTAGES,
+    PARQUET_COMPRESSION,
+    ShardRef,
+    Store,
+    new_id,
+    parquet_table,
+)
 from gagpo.schemas.validate import check_group_owners, group_size_of, validate_steps
 
 SEGMENT_MIB = 64  # a segment grows to about this many MiB of shards (memory: ~15x that, once)

@@ -37,9 +37,9 @@ from gagpo.schemas.archive import (
 from gagpo.schemas.compaction import SORT_KEYS, compact
 from gagpo.schemas.store import ADVANTAGES, ShardRef, Store
 from tests.steps_factory import make_steps
+from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
 
 FULL_KEYS = [(C.GROUP_ID, "ascending"), (C.TRAJ_ID, "ascending"), (C.STEP, "ascending")]
-from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
 
 RUNS = ("ra", "rb", "rc")
 _BIN = Path(sys.executable).parent / "gagpo"

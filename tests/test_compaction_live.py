@@ -40,9 +40,9 @@ def test_readers_never_fail_nor_double_count_while_the_learner_compacts(tmp_path
     run = subprocess.Popen(
         [GAGPO, "run", "--store", str(store_dir), "--recipe", "tiny", "--no-warmstart",
          "--set", f"learner.updates={UPDATES}", "--set", "learner.compaction.every_updates=1",
-         "--set", "run.eval_groups=0"],  # fmt: skip
+         "--set", "run.eval_groups=0"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    )
     seen: list[tuple[int, int, int]] = []
     recomputes: list[int] = []
     errors: list[str] = []
@@ -56,7 +56,7 @@ def test_readers_never_fail_nor_double_count_while_the_learner_compacts(tmp_path
             except GagpoError as exc:
                 if "does not exist" not in str(exc):  # before the first actor commits
                     errors.append(f"sql: {exc}")
-            except Exception as exc:  # noqa: BLE001  (any other failure of a reader counts)
+            except Exception as exc:
                 errors.append(f"sql: {type(exc).__name__}: {exc}")
             time.sleep(0.05)
 
@@ -68,7 +68,7 @@ def test_readers_never_fail_nor_double_count_while_the_learner_compacts(tmp_path
             except GagpoError as exc:
                 if "no committed shard" not in str(exc):
                     errors.append(f"advantages: {exc}")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 errors.append(f"advantages: {type(exc).__name__}: {exc}")
             time.sleep(0.1)
 
@@ -117,7 +117,7 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(tmp_path: Pat
     compaction finishes what the killed one left (nothing unnamed left in the archive)."""
     from gagpo.schemas.archive import ARCHIVE, LEDGER_PARTS, SEGMENTS
     from tests.test_learner_support import ROOT, learner_cmd, write_shards
-    from tests.test_resume_lineage import B, UPDATES, args, assert_one_lineage
+    from tests.test_resume_lineage import UPDATES, B, args, assert_one_lineage
 
     store_dir = tmp_path / "store"
     store = Store(str(store_dir))
@@ -174,9 +174,9 @@ def test_every_view_and_recompute_is_the_same_after_gagpo_compact(tmp_path: Path
     done = subprocess.run(
         [GAGPO, "run", "--store", str(store_dir), "--recipe", "tiny", "--no-warmstart",
          "--set", "learner.updates=4", "--set", "learner.compaction.every_updates=0",
-         "--set", "learner.compaction.min_mib=0"],  # fmt: skip
+         "--set", "learner.compaction.min_mib=0"],
         env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert read_manifest(Store(str(store_dir))) is None  # the learner did not compact
     lines: list[str] = []

@@ -112,7 +112,7 @@ def test_advantages_as_of_update_writes_those_groups_under_their_own_tag(trained
     every = pl.read_parquet(root / config.tag / "*.parquet").filter(pl.col(C.GROUP_ID).is_in(list(want)))
     keys = [C.TRAJ_ID, C.STEP]
     # per group, the same numbers as the full recompute (group normalisation stays per group)
-    assert as_of.sort(keys).select(keys + [C.ADVANTAGE]).equals(every.sort(keys).select(keys + [C.ADVANTAGE]))
+    assert as_of.sort(keys).select([*keys, C.ADVANTAGE]).equals(every.sort(keys).select([*keys, C.ADVANTAGE]))
 
 
 def test_replay_as_of_update_trains_the_original_batches(trained: Store, tmp_path: Path) -> None:
