@@ -338,7 +338,11 @@ class Store:
         self._sweep_now_and_then(parent)
         temp = _temporary_beside(path)
         try:
-            _write_synced(temp, data)
+            try:
+                _write_synced(temp, data)
+            except FileNotFoundError:  # a compaction removed the emptied folder meanwhile
+                os.makedirs(parent, exist_ok=True)
+                _write_synced(temp, data)
             fault_point(phase)  # crash tests: killed with the temporary file written
             os.replace(temp, path)
         except BaseException:
