@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 from gagpo.actors.envs.base import Environment
 from gagpo.actors.policies.base import Sample
+from gagpo.schemas import columns as C
 
-META_SOURCE = b"gagpo.source"
+META_SOURCE = C.META_SOURCE
 DEMONSTRATION = b"demonstration"
 DEMO_METADATA = {META_SOURCE: DEMONSTRATION}
 FALLBACK_COMMAND = "look"  # played when the plan ran out and no admissible list exists

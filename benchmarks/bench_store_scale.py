@@ -174,16 +174,21 @@ def time_cli(argv: list[str], env: dict, repeat: int, timeout_s: float, what: st
             cell.problem = f"FAILED ({reason}: {first_error_line(proc.stderr or proc.stdout)})"
             log(f"    {what}: {cell.problem}")
             return cell
-        cell.runs.append(proc.seconds)
         cell.rss_mib = max(cell.rss_mib or 0.0, proc.rss_mib)
-        if check is not None:
-            cell.value, problem = check(proc)
-            if problem and not cell.problem:
-                cell.problem = problem
-        log(f"    {what}: run {i + 1}/{repeat} {fmt_s(proc.seconds)} ({proc.rss_mib:.0f} MiB)"
-            + (f"  {cell.problem}" if cell.problem else ""))  # fmt: skip
+        note_run(cell, proc.seconds, proc, check, f"{what}: run {i + 1}/{repeat}",
+                 f" ({proc.rss_mib:.0f} MiB)")  # fmt: skip
     cell.seconds = min(cell.runs)
     return cell
+
+
+def note_run(cell: Cell, seconds: float, result, check, what: str, extra: str = "") -> None:
+    """Record one timed run in `cell`, check its result, and log the line."""
+    cell.runs.append(seconds)
+    if check is not None:
+        cell.value, problem = check(result)
+        if problem and not cell.problem:
+            cell.problem = problem
+    log(f"    {what} {fmt_s(seconds)}{extra}" + (f"  {cell.problem}" if cell.problem else ""))
 
 
 def time_call(fn, repeat: int, what: str, setup=None, check=None) -> Cell:
@@ -198,14 +203,7 @@ def time_call(fn, repeat: int, what: str, setup=None, check=None) -> Cell:
             cell.problem = f"FAILED ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
             log(f"    {what}: {cell.problem}")
             return cell
-        seconds = time.perf_counter() - t0
-        cell.runs.append(seconds)
-        if check is not None:
-            cell.value, problem = check(value)
-            if problem and not cell.problem:
-                cell.problem = problem
-        log(f"    {what}: run {i + 1}/{repeat} {fmt_s(seconds)}"
-            + (f"  {cell.problem}" if cell.problem else ""))  # fmt: skip
+        note_run(cell, time.perf_counter() - t0, value, check, f"{what}: run {i + 1}/{repeat}")
     cell.seconds = min(cell.runs)
     return cell
 

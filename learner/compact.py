@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from gagpo.learner.config import CompactionSettings
 from gagpo.schemas import columns as C
-from gagpo.schemas.archive import read_ledger
+from gagpo.schemas.archive import read_ledger, tail_ledger_path
 from gagpo.schemas.cli import run_cli
 from gagpo.schemas.compaction import CompactionResult, compact
 from gagpo.schemas.errors import GagpoError
@@ -172,7 +172,7 @@ def compact_store(url: str, run_id: str | None, everything: bool,
         bar = _progress(len(refs))
         result = compact(store, refs, rows, check=lambda: check_lease(store), progress=bar,
                          segment_bytes=int(settings.segment_mib * 2**20))  # fmt: skip
-        if result.groups_archived and store.exists(store.path("learner", "ledger.parquet")):
+        if result.groups_archived and store.exists(tail_ledger_path(store)):
             _drop_from_tail(store, result.groups_archived)
         echo(describe(result))
         return result
@@ -183,8 +183,6 @@ def compact_store(url: str, run_id: str | None, everything: bool,
 def _drop_from_tail(store: Store, archived: set[str]) -> None:
     """Rewrite the tail ledger without the rows the archive now holds (its metadata, the
     learner's settings for the actors' throttle, kept)."""
-    from gagpo.schemas.archive import tail_ledger_path
-
     tail = store.read_table(tail_ledger_path(store))
     keep = pc.invert(pc.is_in(tail[C.GROUP_ID], value_set=pa.array(sorted(archived), pa.string())))
     store.write_parquet(tail.filter(keep), tail_ledger_path(store), dict(tail.schema.metadata or {}))

@@ -22,13 +22,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
+from gagpo.schemas.archive import archived_ledger, is_segment, step_files
 from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.store import LEARNER, LEDGER, ShardRef, Store
 from gagpo.schemas.validate import check_group_owners
@@ -107,8 +108,6 @@ class Ledger:
     @classmethod
     def load(cls, store: Store) -> Ledger:
         """The store's ledger: the archive's rows and the learner's tail."""
-        from gagpo.schemas.archive import archived_ledger
-
         path = store.path(LEARNER, LEDGER_FILE)
         tail = store.read_table(path) if store.exists(path) else None
         return cls(tail, archived_ledger(store))
@@ -218,7 +217,6 @@ class Feed:
         self._stale: list[GroupRef] = []  # dropped since the last batch (reported with it)
         self._unrecorded: list[GroupRef] = []  # dropped, not yet recorded in the ledger
         self._bytes: dict[str, int] = {}  # shard_id → its file's size (compaction by size)
-        self._segments: set[str] = set()  # paths of archive segments among the files read
         self._listed = False  # the archive was looked at (once when following a store)
         # An exact replay: the groups to train, in this order (None: every group, as read).
         self._order = None if replay_order is None else {g: i for i, g in enumerate(replay_order)}
@@ -257,16 +255,13 @@ class Feed:
         segments (as refs named by segment id) and then its inbox. Following a store, its
         inbox, and on the first listing the segments holding groups no learner consumed
         (`gagpo compact --all` moved them): the ledger skips those it already holds."""
-        from gagpo.schemas.archive import segment_path, step_files
-
         if not self.replay and self._listed:
             return self.source.list_shards()
         self._listed = True
         files = step_files(self.source)
-        wanted = [s for s in files.segments if self.replay or not s.consumed]
-        segments = [ShardRef(segment_path(self.source, s.id), "", s.id) for s in wanted]
-        self._segments.update(ref.path for ref in segments)
-        return segments + list(files.shards)
+        if not self.replay:  # segments of consumed groups: nothing for this learner
+            files = replace(files, segments=tuple(s for s in files.segments if not s.consumed))
+        return files.refs(self.source)
 
     def _take_stale(self, version: int) -> list[GroupRef]:
         stale = self._drop_stale(version)
@@ -279,14 +274,14 @@ class Feed:
         try:
             latest = None if self.replay else self._version
             table = self.source.read_shard(ref, vocab_size=self.vocab_size, latest=latest)
-            if ref.path not in self._segments:  # a segment holds each group once by construction
+            if not is_segment(ref):  # a segment holds each group once by construction
                 check_group_owners(table, ref.shard_id, self._owner)
             steps = pl.from_arrow(table)
             advantages = self.advantage_fn(steps.lazy().select(C.ADVANTAGE_INPUT_COLUMNS)).collect()
         except (ValidationError, pl.exceptions.PolarsError, pa.ArrowInvalid) as exc:
             self.stats.shards_rejected += 1
             # a replay source is read only, and the archive is never quarantined: skip, counted
-            if not self.replay and ref.path not in self._segments:
+            if not self.replay and not is_segment(ref):
                 self.store.quarantine(ref.path, str(exc))
             return
         except FileNotFoundError:  # quarantined or removed by someone else meanwhile
@@ -304,7 +299,7 @@ class Feed:
             pl.col(C.POLICY_VERSION).min(), pl.col(C.RUN_ID).first(), pl.col(C.SHARD_ID).first()
         ).with_columns(pl.len().over(C.SHARD_ID).alias("n"))
         self._claims.update(dict.fromkeys(groups[C.GROUP_ID].to_list(), ref.shard_id))
-        source = ref.shard_id if ref.path in self._segments else ""
+        source = ref.shard_id if is_segment(ref) else ""
         fresh = [
             GroupRef(run, shard, gid, int(ver), int(n), committed_at, source)
             for gid, ver, run, shard, n in groups.iter_rows()

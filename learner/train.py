@@ -42,7 +42,7 @@ from gagpo.learner.dist import (
     is_sharded,
     shard_model,
 )
-from gagpo.learner.feed import BATCH_COLUMNS, Batch, Feed, Ledger, pipeline_advantages
+from gagpo.learner.feed import BATCH_COLUMNS, TRAINED, Batch, Feed, Ledger, pipeline_advantages
 from gagpo.learner.lease import release_lease
 from gagpo.learner.loss import gagpo_loss
 from gagpo.learner.metrics import Histogram, MetricsLog, staleness_counts
@@ -289,7 +289,7 @@ def replay_order(cfg: LearnerConfig) -> list[str] | None:
     from gagpo.schemas.archive import groups_as_of
 
     rows = groups_as_of(Store(cfg.replay), cfg.replay_as_of_update)
-    trained = rows.filter(pc.equal(rows[C.LEDGER_STATUS], "trained"))
+    trained = rows.filter(pc.equal(rows[C.LEDGER_STATUS], TRAINED))
     return trained[C.GROUP_ID].to_pylist()
 
 

@@ -55,7 +55,7 @@ import pyarrow as pa
 from gagpo.pipeline import sql_sources as src
 from gagpo.pipeline.sql_views import VIEWS, view_statements
 from gagpo.schemas import columns as C
-from gagpo.schemas.archive import step_files
+from gagpo.schemas.archive import is_missing_file, step_files
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import EVAL, HELDOUT, Store
 
@@ -280,17 +280,12 @@ def query_store(store: Store | str, query: str, *, gamma: float = DEFAULT_GAMMA,
             con = open_store_db(store, gamma=gamma, limits=limits, as_of_update=as_of_update)
             return run_query(con, query, limits)
         except (GagpoError, OSError, pa.ArrowException) as exc:
-            if attempt == 4 or not _vanished(exc):
+            if attempt == 4 or not is_missing_file(exc):
                 raise
         finally:
             if con is not None:
                 close_store_db(con)
     raise AssertionError("unreachable")
-
-
-def _vanished(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(s in text for s in ("No such file", "NoSuchKey", "FileNotFoundError", "not found"))
 
 
 def _fetch(relation, max_bytes: int) -> pa.Table:

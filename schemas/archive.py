@@ -167,6 +167,12 @@ class StepFiles:
         """Segments first (older groups), then the inbox tail."""
         return self.segment_paths(store) + [ref.path for ref in self.shards]
 
+    def refs(self, store: Store) -> list[ShardRef]:
+        """Every file as a ref: segments first (named by segment id, with no run: a segment
+        holds many; `is_segment` tells them apart), then the inbox shards."""
+        segments = [ShardRef(segment_path(store, s.id), "", s.id) for s in self.segments]
+        return segments + list(self.shards)
+
     def ids(self) -> list[str]:
         """The id each file's advantage tables are named by: segment ids, then shard ids."""
         return [s.id for s in self.segments] + [ref.shard_id for ref in self.shards]
@@ -193,6 +199,11 @@ def step_files(store: Store, run_id: str | None = None) -> StepFiles:
     return StepFiles(after, segments, inbox, run_id)
 
 
+def is_segment(ref: ShardRef) -> bool:
+    """Whether `ref` (from `StepFiles.refs`) is an archive segment rather than a shard."""
+    return ref.run_id == ""
+
+
 def _generation(manifest: Manifest | None) -> int:
     return -1 if manifest is None else manifest.generation
 
@@ -208,18 +219,20 @@ def read_with_retry(store: Store, read: Callable[[StepFiles], T], run_id: str | 
         files = step_files(store, run_id)
         try:
             return read(files)
-        except FileNotFoundError:
-            if attempt == attempts - 1:
-                raise
-        except (OSError, pa.ArrowException) as exc:  # Arrow's and DuckDB's "no such file"
-            if attempt == attempts - 1 or not _is_missing(exc):
+        except (OSError, pa.ArrowException) as exc:
+            if attempt == attempts - 1 or not is_missing_file(exc):
                 raise
     raise AssertionError("unreachable")
 
 
-def _is_missing(exc: BaseException) -> bool:
+def is_missing_file(exc: BaseException) -> bool:
+    """Whether `exc` says a file is not there: FileNotFoundError, or the text Arrow, DuckDB
+    and object stores give it."""
+    if isinstance(exc, FileNotFoundError):
+        return True
     text = str(exc)
-    return any(s in text for s in ("No such file", "not found", "NoSuchKey", "does not exist"))
+    return any(s in text for s in ("No such file", "not found", "NoSuchKey", "does not exist",
+                                   "FileNotFoundError"))  # fmt: skip
 
 
 def read_steps_table(store: Store, columns: list[str] | None = None, *,

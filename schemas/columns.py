@@ -25,6 +25,7 @@ META_SCHEMA_VERSION = b"gagpo.schema_version"
 META_GROUP_SIZE = b"gagpo.group_size"
 META_ESTIMATOR = b"gagpo.estimator"
 META_ESTIMATOR_PARAMS = b"gagpo.estimator_params"
+META_SOURCE = b"gagpo.source"  # what wrote a steps file: demonstration, segment (else actors)
 # The learner's ledger (learner/ledger.parquet) carries in its metadata what actors need to
 # throttle on its backlog (actors/throttle.py): its version after the last recorded update,
 # its batch size B and its max_staleness.

@@ -128,17 +128,11 @@ def _temporaries(store: Store, stray: list[str]) -> list[str]:
 
 def _orphan_advantages(store: Store, named: set[str]) -> list[str]:
     """Advantage tables named by neither a segment of the archive nor a shard of the inbox."""
-    tags = advantage_tags(store)
-    if not tags:
+    tables = _advantage_tables(store)
+    if not tables:
         return []
     alive = named | {r.shard_id for r in store.list_shards()}
-    found = []
-    for tag in tags:
-        for path in store.glob(store.path(ADVANTAGES, tag, "*.parquet")):
-            name = posixpath.basename(path)
-            if not name.startswith(".") and name[: -len(".parquet")] not in alive:
-                found.append(path)
-    return found
+    return [store.advantages_path(tag, i) for tag, ids in tables.items() for i in ids - alive]
 
 
 def compact(
@@ -160,7 +154,7 @@ def compact(
     result.recovered = recover(store, manifest)
     generation = manifest.generation if manifest else 0
     segments = list(manifest.segments) if manifest else []
-    tags = advantage_tags(store)
+    tables = _advantage_tables(store)  # tag → ids of its tables, listed once
     written: list[Segment] = []
     retired: list[Segment] = []
     archived: set[str] = set()  # group ids moved
@@ -179,7 +173,7 @@ def compact(
             retired.append(open_segment)
             base.append(_segment_with_ledger(store, open_segment))
         opened[group_size] = None  # later chunks of this size start new segments
-        segment = _write_segment(store, chunk, base, ledger, group_size, tags,
+        segment = _write_segment(store, chunk, base, ledger, group_size, tables,
                                  row_group_rows, open_segment)  # fmt: skip
         written.append(segment)
         result.bytes_written += segment.bytes
@@ -219,11 +213,12 @@ def compact(
     result.rows = sum(s.rows for s in written) - sum(s.rows for s in retired)
     if ledger is not None and ledger.num_rows:
         result.groups_archived = archived & set(ledger[C.GROUP_ID].to_pylist())
-    _remove_advantages(store, [r.shard_id for r in moved])
+    gone = [r.shard_id for r in moved] + [old.id for old in retired]
+    _remove(store, [store.advantages_path(tag, i) for tag, ids in tables.items() for i in gone
+                    if i in ids])  # fmt: skip
     _remove(store, [r.path for r in moved])
     _remove_empty_folders(store, {posixpath.dirname(r.path) for r in moved})
     for old in retired:
-        _remove_advantages(store, [old.id])
         _remove(store, [ledger_part_path(store, old.id), segment_path(store, old.id)])
     for old_generation in manifest_generations(store)[:-KEEP_MANIFESTS]:
         _remove(store, [manifest_path(store, old_generation)])
@@ -281,7 +276,8 @@ def _segment_with_ledger(store: Store, segment: Segment) -> tuple[pa.Table, pa.T
     return table, ledger
 
 
-def _write_segment(store, chunk, base, ledger, group_size, tags, row_group_rows, open_segment):
+def _write_segment(store, chunk, base, ledger, group_size, advantage_ids, row_group_rows,
+                   open_segment):
     """Write one segment of `chunk`'s shards (plus the open segment in `base`), its ledger
     part and its advantage tables; return its manifest entry."""
     segment_id = new_id()
@@ -291,7 +287,7 @@ def _write_segment(store, chunk, base, ledger, group_size, tags, row_group_rows,
     metadata = {
         C.META_SCHEMA_VERSION: C.STEPS_SCHEMA_VERSION.encode(),
         C.META_GROUP_SIZE: str(group_size).encode(),
-        b"gagpo.source": b"segment",
+        C.META_SOURCE: b"segment",
     }
     data = _parquet_bytes(steps.replace_schema_metadata(metadata), row_group_rows)
     store.commit_bytes(segment_path(store, segment_id), data)
@@ -300,8 +296,9 @@ def _write_segment(store, chunk, base, ledger, group_size, tags, row_group_rows,
     if rows is not None:
         store.write_parquet(rows, ledger_part_path(store, segment_id), {})
     sources = [sid for sid, _, _ in chunk] + ([open_segment.id] if open_segment else [])
-    for tag in tags:
-        _write_advantages(store, tag, sources, segment_id, row_group_rows)
+    for tag, present in advantage_ids.items():
+        _write_advantages(store, tag, [s for s in sources if s in present], segment_id,
+                          row_group_rows)  # fmt: skip
     consumed = rows is not None and rows.num_rows == len(groups)
     updates = rows[C.LEDGER_UPDATE] if rows is not None and rows.num_rows else None
     return Segment(
@@ -335,23 +332,19 @@ def _write_advantages(store: Store, tag: str, sources: list[str], segment_id: st
                       row_group_rows: int) -> None:  # fmt: skip
     """One table of `tag` for the segment: the tables of its source shards (and of the
     segment it extends) that exist, in one file."""
-    folder = store.path(ADVANTAGES, tag)
-    present = {posixpath.basename(p)[: -len(".parquet")] for p in store.glob(f"{folder}/*.parquet")}
     tables = []
     for source in sources:
-        if source in present:
-            try:
-                tables.append(store.read_table(posixpath.join(folder, f"{source}.parquet")))
-            except FileNotFoundError:
-                continue
+        try:
+            tables.append(store.read_table(store.advantages_path(tag, source)))
+        except FileNotFoundError:
+            continue
     if not tables:
         return
     metadata = tables[0].schema.metadata or {}
     table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables],
                              promote_options="default")  # fmt: skip
     table = _by_group(table).replace_schema_metadata(metadata)
-    store.commit_bytes(posixpath.join(folder, f"{segment_id}.parquet"),
-                       _parquet_bytes(table, row_group_rows))  # fmt: skip
+    store.commit_bytes(store.advantages_path(tag, segment_id), _parquet_bytes(table, row_group_rows))
 
 
 def _parquet_bytes(table: pa.Table, row_group_rows: int) -> bytes:
@@ -362,22 +355,26 @@ def _parquet_bytes(table: pa.Table, row_group_rows: int) -> bytes:
 
 # --- removal --------------------------------------------------------------------------
 def _ids(store: Store, folder: str) -> set[str]:
-    paths = store.glob(store.path(ARCHIVE, folder, "*.parquet"))
-    return {posixpath.basename(p)[: -len(".parquet")] for p in paths
-            if not posixpath.basename(p).startswith(".")}  # fmt: skip
+    return _stems(store.glob(store.path(ARCHIVE, folder, "*.parquet")))
+
+
+def _advantage_tables(store: Store) -> dict[str, set[str]]:
+    """Per advantage tag, the ids (segment or shard) its committed tables are named by."""
+    return {tag: _stems(store.glob(store.path(ADVANTAGES, tag, "*.parquet")))
+            for tag in advantage_tags(store)}  # fmt: skip
+
+
+def _stems(paths: list[str]) -> set[str]:
+    """File names without `.parquet`, temporaries (dot names) left out."""
+    names = (posixpath.basename(p) for p in paths)
+    return {n[: -len(".parquet")] for n in names if not n.startswith(".")}
 
 
 def _remove_advantages(store: Store, ids: list[str]) -> int:
     """Remove the advantage tables named by `ids` under every tag; returns how many."""
     wanted = set(ids)
-    if not wanted:
-        return 0
-    paths = []
-    for tag in advantage_tags(store):
-        for path in store.glob(store.path(ADVANTAGES, tag, "*.parquet")):
-            if posixpath.basename(path)[: -len(".parquet")] in wanted:
-                paths.append(path)
-    return _remove(store, paths)
+    return _remove(store, [store.advantages_path(tag, i) for tag, present in
+                           _advantage_tables(store).items() for i in present & wanted])  # fmt: skip
 
 
 def _remove_empty_folders(store: Store, folders: set[str]) -> None:

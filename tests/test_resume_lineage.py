@@ -45,11 +45,13 @@ def args(store: Path, *extra: str) -> list[str]:
             "--poll-interval", "0.05", "--idle-timeout", "1", "--quiet", *extra]  # fmt: skip
 
 
-def kill_at(store: Path, hold: str, tmp_path: Path) -> None:
-    """Run the learner with GAGPO_LEARNER_HOLD=<hold>:<file>; SIGKILL it once held."""
+def kill_at(store: Path, hold: str, tmp_path: Path, *extra: str) -> None:
+    """Run the learner (with `extra` arguments) with GAGPO_LEARNER_HOLD=<hold>:<file>;
+    SIGKILL it once held."""
     held = tmp_path / "held"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GAGPO_LEARNER_HOLD": f"{hold}:{held}"}
-    proc = subprocess.Popen(learner_cmd(*args(store)), cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(learner_cmd(*args(store), *extra), cwd=ROOT, env=env,
+                            stderr=subprocess.PIPE)  # fmt: skip
     try:
         deadline = time.monotonic() + 240
         while not held.exists():
