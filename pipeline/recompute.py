@@ -214,10 +214,11 @@ def shard_task(ref, url: str, config, run_id: str | None = None,
     import pyarrow.compute as pc
 
     from gagpo.pipeline.parallel import worker_store
+    from gagpo.schemas.archive import is_segment
 
     store = worker_store(url)
     try:
-        if ref.run_id == "":  # an archive segment: validated when compacted, read what we use
+        if is_segment(ref):  # validated when compacted: read only what the stage uses
             columns = list(dict.fromkeys([*C.ADVANTAGE_INPUT_COLUMNS, C.RUN_ID, C.GROUP_ID]))
             shard = store.read_table(ref.path, columns)
         else:
@@ -315,12 +316,12 @@ def recompute_store(
     if backend is None:
         backend = "serial" if workers == 1 else "processes"
     summary = StoreSummary()
-    kept: list[pl.DataFrame] = []  # the columns the diagnostics need
+    kept: dict[str, pl.DataFrame] = {}  # file id → the columns the diagnostics need
     owners: dict[str, str] = {}  # group_id → the first file holding it
     done: set[str] = set()
     total = 0
     for _ in range(20):  # a file a compaction removed meanwhile: resolve again, read the rest
-        refs = [r for r in _file_refs(store, files) if r.path not in done]
+        refs = [r for r in files.refs(store) if r.path not in done]
         total += len(refs)
         missing = _recompute(store, refs, config, tag, summary, kept, owners, done, progress,
                              total, dict(workers=workers, backend=backend, ray_address=ray_address),
@@ -328,31 +329,28 @@ def recompute_store(
         if not missing:
             break
         files = step_files(store, run_id)
+        # Files the compaction moved: their groups are in a new segment now, read next.
+        live = set(files.ids())
+        owners = {g: f for g, f in owners.items() if f in live}
+        kept = {f: t for f, t in kept.items() if f in live}
     if progress is not None:
         progress(total, total)
     if not kept:
         raise GagpoError(
             f"no valid shard under {url}: all {total} failed validation (see quarantine/)"
         )
-    summary.diagnostics = diagnostics(pl.concat(kept), config.state_grouping)
+    summary.shards = len(kept)
+    summary.segments = len(kept.keys() & {s.id for s in files.segments})
+    summary.diagnostics = diagnostics(pl.concat(list(kept.values())), config.state_grouping)
     return summary
-
-
-def _file_refs(store, files) -> list:
-    """Segments (as refs named by their segment id, with no run: shard_task tells them so),
-    then the inbox shards."""
-    from gagpo.schemas.archive import segment_path
-    from gagpo.schemas.store import ShardRef
-
-    segments = [ShardRef(segment_path(store, s.id), "", s.id) for s in files.segments]
-    return segments + list(files.shards)
 
 
 def _recompute(store, refs, config, tag, summary, kept, owners, done, progress, total,
                parallel, run_id, groups) -> bool:  # fmt: skip
-    """Compute and commit the tables of `refs`; returns whether any file had vanished."""
+    """Compute and commit the tables of `refs` (each file's diagnostics columns into
+    `kept`, by id); returns whether any file had vanished."""
     from gagpo.pipeline.parallel import ordered_map
-    from gagpo.schemas.archive import ARCHIVE
+    from gagpo.schemas.archive import is_segment
 
     missing = False
     offset = total - len(refs)
@@ -373,7 +371,7 @@ def _recompute(store, refs, config, tag, summary, kept, owners, done, progress, 
                     check_group_owners(table, ref.shard_id, owners.get)
                 except ValidationError as exc:
                     reason = _message(exc)
-            archived = ref.path.startswith(store.path(ARCHIVE) + "/")
+            archived = is_segment(ref)
             if reason is not None and archived:  # archive files are never quarantined
                 raise GagpoError(f"archive segment {ref.path} cannot be used: {reason}")
             if reason is not None:
@@ -384,9 +382,7 @@ def _recompute(store, refs, config, tag, summary, kept, owners, done, progress, 
             if result.data is None:  # no row of the wanted run or groups in it
                 continue
             store.commit_bytes(store.advantages_path(tag, ref.shard_id), result.data)
-            summary.shards += 1
-            summary.segments += archived
-            kept.append(result.kept)
+            kept[ref.shard_id] = result.kept
     finally:
         results.close()  # an error here: the workers are stopped
     return missing
