@@ -13,11 +13,19 @@ segments (schemas/compaction.py), so listings cost what the unconsumed tail cost
 readers open a few large files instead of one per group.
 
 **The manifest is the truth.** Generation g+1 is created exclusively (never overwritten);
-the newest is the archive. It names every live segment and the shards generation g+1
-moved (`compacted`), which may still sit in the inbox until their removal completes.
-Before it commits generation g+1, a compactor removes every inbox shard that
-generation g compacted; so while generation g is the newest, the only archived shards
-still in the inbox are those g itself names.
+the newest is the archive. It names every live segment, and the file that lists the shards
+generation g+1 moved (its `moved` sidecar, written before the commit): those may still
+sit in the inbox until their removal completes, after which the compactor commits the
+generation's `cleared` marker. Before it commits generation g+1, a compactor removes every
+inbox shard that generation g moved; so while generation g is the newest, the only
+archived shards still in the inbox are those g itself moved, and none once g is cleared.
+A manifest stays the size of its segment list; the moved list (64 000 ids after one
+`gagpo compact --all` of a long run) is read only while it can matter: the generation
+not yet cleared and the inbox not empty.
+
+    archive/manifest/<generation>.json                 the manifest (format 2)
+    archive/manifest/<generation>-<id>.moved.json      the shard ids it moved
+    archive/manifest/<generation>.cleared              they are out of the inbox
 
 **One reader.** `step_files` resolves "the store's steps" as: the manifest, then the
 inbox listing, then the manifest again; if a compaction committed between the two reads
@@ -47,7 +55,10 @@ ARCHIVE = "archive"
 MANIFESTS = "manifest"
 SEGMENTS = "segments"
 LEDGER_PARTS = "ledger"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 1: the moved shard ids inline (read, never written)
+READABLE_FORMATS = (1, 2)
+MOVED_SUFFIX = ".moved.json"
+CLEARED_SUFFIX = ".cleared"
 # Older generations kept beside the newest (a reader that listed one just before a prune
 # still finds it); the archive needs only the newest.
 KEEP_MANIFESTS = 8
@@ -74,8 +85,11 @@ class Segment:
 class Manifest:
     generation: int
     segments: tuple[Segment, ...] = ()
-    compacted: frozenset[str] = frozenset()  # shard ids this generation moved out of the inbox
+    moved_file: str | None = None  # the sidecar naming the shards it moved (format 2)
+    moved_count: int = 0  # how many shards it moved out of the inbox
     created_at: float = field(default_factory=time.time)
+    cleared: bool = False  # its moved shards are all out of the inbox (the marker exists)
+    inline_moved: frozenset[str] | None = None  # format 1 kept the moved ids in the manifest
 
     def to_json(self) -> bytes:
         body = {
@@ -83,25 +97,31 @@ class Manifest:
             "generation": self.generation,
             "created_at": self.created_at,
             "segments": [asdict(s) | {"runs": list(s.runs)} for s in self.segments],
-            "compacted": sorted(self.compacted),
+            "moved_file": self.moved_file,
+            "moved_count": self.moved_count,
         }
         return json.dumps(body, indent=1).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, where: str) -> Manifest:
+    def from_json(cls, data: bytes, where: str, cleared: bool = False) -> Manifest:
         try:
             body = json.loads(data)
-            if body.get("format") != MANIFEST_FORMAT:
-                raise ValueError(f"format {body.get('format')!r}")
+            fmt = body.get("format")
+            if fmt not in READABLE_FORMATS:
+                raise ValueError(f"format {fmt!r}")
             segments = tuple(
                 Segment(**(s | {"runs": tuple(s["runs"])})) for s in body["segments"]
             )
-            return cls(int(body["generation"]), segments, frozenset(body["compacted"]),
-                       float(body["created_at"]))  # fmt: skip
+            common = dict(generation=int(body["generation"]), segments=segments,
+                          created_at=float(body["created_at"]), cleared=cleared)  # fmt: skip
+            if fmt == 1:  # the moved ids inline
+                moved = frozenset(body["compacted"])
+                return cls(**common, moved_count=len(moved), inline_moved=moved)
+            return cls(**common, moved_file=body["moved_file"], moved_count=int(body["moved_count"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise GagpoError(
                 f"{where} is not a readable archive manifest ({exc}); accepted: a manifest "
-                f"of format {MANIFEST_FORMAT} written by gagpo compact"
+                f"of format {' or '.join(map(str, READABLE_FORMATS))} written by gagpo compact"
             ) from None
 
     @property
@@ -111,6 +131,36 @@ class Manifest:
     @property
     def groups(self) -> int:
         return sum(s.groups for s in self.segments)
+
+
+def moved_shards(store: Store, manifest: Manifest | None) -> frozenset[str]:
+    """The shard ids `manifest`'s generation moved that may still be in the inbox: none
+    once it is cleared, else all it moved."""
+    if manifest is None or manifest.cleared:
+        return frozenset()
+    return moved_by(store, manifest)
+
+
+def moved_by(store: Store, manifest: Manifest) -> frozenset[str]:
+    """The shard ids `manifest`'s generation moved out of the inbox: its sidecar's (format
+    1: its inline list)."""
+    if manifest.moved_count == 0:
+        return frozenset()
+    if manifest.inline_moved is not None:
+        return manifest.inline_moved
+    path = moved_path(store, manifest.moved_file)
+    try:
+        body = json.loads(store.read_bytes(path))
+        return frozenset(body["shards"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise GagpoError(
+            f"{path} is not a readable list of moved shards ({exc}); accepted: the file "
+            "gagpo compact wrote beside its manifest"
+        ) from None
+
+
+def moved_json(shard_ids: list[str]) -> bytes:
+    return json.dumps({"shards": sorted(shard_ids)}).encode()
 
 
 # --- layout -------------------------------------------------------------------------
@@ -126,25 +176,58 @@ def ledger_part_path(store: Store, segment_id: str) -> str:
     return store.path(ARCHIVE, LEDGER_PARTS, f"{segment_id}.parquet")
 
 
+def moved_path(store: Store, name: str) -> str:
+    """The moved-shards sidecar `name` (`<generation>-<id>.moved.json`)."""
+    return store.path(ARCHIVE, MANIFESTS, name)
+
+
+def moved_name(generation: int, unique: str) -> str:
+    return f"{generation:010d}-{unique}{MOVED_SUFFIX}"
+
+
+def cleared_path(store: Store, generation: int) -> str:
+    return store.path(ARCHIVE, MANIFESTS, f"{generation:010d}{CLEARED_SUFFIX}")
+
+
+@dataclass(frozen=True)
+class ManifestFolder:
+    """One listing of archive/manifest/: committed generations (oldest first), the cleared
+    ones, and the moved sidecars by generation."""
+
+    generations: list[int]
+    cleared: set[int]
+    moved: dict[int, list[str]]  # generation → sidecar file names (one committed, strays)
+
+
+def manifest_folder(store: Store) -> ManifestFolder:
+    generations, cleared, moved = [], set(), {}
+    for path in store.glob(store.path(ARCHIVE, MANIFESTS, "*")):
+        name = posixpath.basename(path)
+        head = name.split(".", 1)[0]
+        if name.endswith(MOVED_SUFFIX) and head.split("-", 1)[0].isdigit():
+            moved.setdefault(int(head.split("-", 1)[0]), []).append(name)
+        elif name.endswith(CLEARED_SUFFIX) and head.isdigit():
+            cleared.add(int(head))
+        elif name == f"{head}.json" and head.isdigit():
+            generations.append(int(head))
+    return ManifestFolder(sorted(generations), cleared, moved)
+
+
 def manifest_generations(store: Store) -> list[int]:
     """The generations whose manifest is committed, oldest first."""
-    out = []
-    for path in store.glob(store.path(ARCHIVE, MANIFESTS, "*.json")):
-        name = posixpath.basename(path)[: -len(".json")]
-        if name.isdigit():
-            out.append(int(name))
-    return sorted(out)
+    return manifest_folder(store).generations
 
 
 def read_manifest(store: Store) -> Manifest | None:
     """The newest manifest, or None for a store that was never compacted."""
     for _ in range(RESOLVE_ATTEMPTS):
-        generations = manifest_generations(store)
-        if not generations:
+        folder = manifest_folder(store)
+        if not folder.generations:
             return None
-        path = manifest_path(store, generations[-1])
+        newest = folder.generations[-1]
+        path = manifest_path(store, newest)
         try:
-            return Manifest.from_json(store.read_bytes(path), path)
+            return Manifest.from_json(store.read_bytes(path), path, newest in folder.cleared)
         except FileNotFoundError:  # pruned between the listing and the read: list again
             continue
     raise GagpoError(f"store {store.url}: the archive manifest kept changing while read")
@@ -195,7 +278,9 @@ def step_files(store: Store, run_id: str | None = None) -> StepFiles:
     if after is None:
         return StepFiles(None, (), tuple(refs), run_id)
     segments = tuple(s for s in after.segments if run_id is None or run_id in s.runs)
-    inbox = tuple(ref for ref in refs if ref.shard_id not in after.compacted)
+    # `before` cleared: the listing came after the removal, so no moved shard is in it
+    moved = moved_shards(store, before) if refs else frozenset()
+    inbox = tuple(ref for ref in refs if ref.shard_id not in moved)
     return StepFiles(after, segments, inbox, run_id)
 
 

@@ -10,10 +10,11 @@ One compaction, in this order, each step safe to kill:
    the newest segment of the same group size joins them while it is below the target
    size, so segments grow to `segment_bytes` instead of one per compaction;
 3. write each new segment, its groups in id order (each in the actor's row order), its
-   ledger rows, and each
-   advantage tag's tables of those groups, every file with its own atomic commit;
+   ledger rows, and each advantage tag's tables of those groups, then the list of the
+   shards it moves, every file with its own atomic commit;
 4. commit the next manifest generation (an exclusive create: the commit point);
-5. remove the moved inbox shards, their advantage tables and the merged segment;
+5. remove the moved inbox shards and their advantage tables, commit the generation's
+   `cleared` marker (readers stop reading its moved list), remove the merged segment;
 6. prune old manifests.
 
 A kill before 4 leaves unnamed files that step 1 of the next compaction removes (readers
@@ -40,13 +41,19 @@ from gagpo.schemas.archive import (
     ARCHIVE,
     KEEP_MANIFESTS,
     LEDGER_PARTS,
+    MANIFESTS,
     SEGMENTS,
     Manifest,
     Segment,
     advantage_tags,
+    cleared_path,
     ledger_part_path,
-    manifest_generations,
+    manifest_folder,
     manifest_path,
+    moved_json,
+    moved_name,
+    moved_path,
+    moved_shards,
     read_manifest,
     segment_path,
 )
@@ -99,10 +106,13 @@ def recover(store: Store, manifest: Manifest | None = None) -> int:
     manifest = read_manifest(store) if manifest is None else manifest
     named = {s.id for s in manifest.segments} if manifest else set()
     removed = 0
-    if manifest is not None and manifest.compacted:
-        moved = [r for r in store.list_shards() if r.shard_id in manifest.compacted]
+    if manifest is not None and not manifest.cleared:
+        ids = moved_shards(store, manifest)
+        moved = [r for r in store.list_shards() if r.shard_id in ids] if ids else []
         removed += _remove_advantages(store, [r.shard_id for r in moved])
         removed += _remove(store, [r.path for r in moved])
+        store.commit_bytes(cleared_path(store, manifest.generation), b"")
+    removed += _remove(store, _stray_moved(store, manifest))
     segments, parts = _ids(store, SEGMENTS), _ids(store, LEDGER_PARTS)
     stray = sorted((segments | parts) - named)
     if stray:  # advantage tables and ledger parts first, the segment itself last
@@ -116,8 +126,19 @@ def recover(store: Store, manifest: Manifest | None = None) -> int:
     return removed
 
 
+def _stray_moved(store: Store, manifest: Manifest | None) -> list[str]:
+    """Moved-shard sidecars of generations never committed (a compaction killed before its
+    commit), and of pruned generations."""
+    folder = manifest_folder(store)
+    newest = manifest.generation if manifest else 0
+    keep = {manifest.moved_file} if manifest else set()
+    return [moved_path(store, name) for generation, names in folder.moved.items()
+            for name in names
+            if name not in keep and (generation >= newest or generation not in folder.generations)]  # fmt: skip
+
+
 def _temporaries(store: Store, stray: list[str]) -> list[str]:
-    found = [p for folder in (SEGMENTS, LEDGER_PARTS)
+    found = [p for folder in (SEGMENTS, LEDGER_PARTS, MANIFESTS)
              for p in store.glob(store.path(ARCHIVE, folder, ".tmp-*"))]  # fmt: skip
     ends = tuple(f"-{i}.parquet" for i in stray)
     if ends:
@@ -197,7 +218,9 @@ def compact(
         return result
     fault_point("compact-written")  # crash tests: every file written, nothing committed
     kept = [s for s in segments if s.id not in {r.id for r in retired}]
-    new = Manifest(generation + 1, tuple(kept + written), frozenset(r.shard_id for r in moved))
+    moved_file = moved_name(generation + 1, new_id())
+    store.commit_bytes(moved_path(store, moved_file), moved_json([r.shard_id for r in moved]))
+    new = Manifest(generation + 1, tuple(kept + written), moved_file, len(moved))
     if check is not None:
         check()
     if not store.create_exclusive(manifest_path(store, new.generation), new.to_json()):
@@ -218,12 +241,23 @@ def compact(
                     if i in ids])  # fmt: skip
     _remove(store, [r.path for r in moved])
     _remove_empty_folders(store, {posixpath.dirname(r.path) for r in moved})
+    store.commit_bytes(cleared_path(store, new.generation), b"")  # readers skip the moved list
     for old in retired:
         _remove(store, [ledger_part_path(store, old.id), segment_path(store, old.id)])
-    for old_generation in manifest_generations(store)[:-KEEP_MANIFESTS]:
-        _remove(store, [manifest_path(store, old_generation)])
+    _prune_manifests(store)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _prune_manifests(store: Store) -> None:
+    """Remove the generations older than the newest KEEP_MANIFESTS, their moved lists and
+    cleared markers with them (the manifest last: a listing never shows a generation
+    without its own files)."""
+    folder = manifest_folder(store)
+    for generation in folder.generations[:-KEEP_MANIFESTS]:
+        _remove(store, [moved_path(store, n) for n in folder.moved.get(generation, [])]
+                + [cleared_path(store, generation)] * (generation in folder.cleared))  # fmt: skip
+        _remove(store, [manifest_path(store, generation)])
 
 
 # --- steps ----------------------------------------------------------------------------

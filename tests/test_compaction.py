@@ -5,6 +5,7 @@ group exactly once before, during and after, also after a compaction killed at a
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import signal
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -24,9 +26,17 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.archive import (
     ARCHIVE,
     LEDGER_PARTS,
+    MANIFESTS,
     SEGMENTS,
     archived_ledger,
+    cleared_path,
     ledger_part_path,
+    manifest_folder,
+    manifest_path,
+    moved_by,
+    moved_json,
+    moved_path,
+    moved_shards,
     read_ledger,
     read_manifest,
     read_steps_table,
@@ -140,7 +150,7 @@ def assert_tidy(store: Store, temporaries: bool = True) -> None:
     for s in manifest.segments:
         assert store.exists(segment_path(store, s.id))
     inbox = {r.shard_id for r in store.list_shards()}
-    assert not inbox & manifest.compacted
+    assert not inbox & moved_by(store, manifest)
     for tag in names(store, ADVANTAGES):
         for name in listed(ADVANTAGES, tag):
             assert name.endswith(".parquet") and name[: -len(".parquet")] in named | inbox, (
@@ -173,7 +183,7 @@ def test_compaction_moves_each_group_exactly_once(store_dir: Path):
     assert first.groups == 7 and first.rows == sum(rows[r.shard_id] for r in refs[:5])
     manifest = read_manifest(store)
     assert manifest.generation == 1
-    assert manifest.compacted == {r.shard_id for r in refs[:5]}
+    assert moved_by(store, manifest) == {r.shard_id for r in refs[:5]} and manifest.cleared
     (segment,) = manifest.segments
     assert segment.shards == 5 and segment.groups == 7 and segment.group_size == 3
     assert set(segment.runs) == set(RUNS) and not segment.consumed and segment.min_update is None
@@ -204,7 +214,7 @@ def test_compaction_moves_each_group_exactly_once(store_dir: Path):
     assert second.groups == 3  # the merged segment's own groups are not counted again
     manifest = read_manifest(store)
     assert manifest.generation == 2 and len(manifest.segments) == 1
-    assert manifest.compacted == {r.shard_id for r in refs[5:7]}
+    assert moved_by(store, manifest) == {r.shard_id for r in refs[5:7]} and manifest.cleared
     assert manifest.segments[0].id != segment.id and manifest.segments[0].shards == 7
     assert not store.exists(segment_path(store, segment.id))
     assert [r.shard_id for r in store.list_shards()] == [refs[7].shard_id]
@@ -267,8 +277,90 @@ def test_a_bad_shard_is_quarantined_not_archived(store_dir: Path):
     store.fs.pipe_file(refs[1].path, b"PAR1 not parquet")
     result = compact(store, refs, None)
     assert result.shards == 2 and [p for p, _ in result.quarantined] == [refs[1].path]
-    assert store.list_shards() == [] and read_manifest(store).compacted == {"s000", "s002"}
+    assert store.list_shards() == [] and moved_by(store, read_manifest(store)) == {"s000", "s002"}
     assert_each_group_once(store, good)
+
+
+def put(store: Store, path: str, data: bytes) -> None:
+    """A file put back where a compaction removed it (its emptied folder too)."""
+    store.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    store.fs.pipe_file(path, data)
+
+
+def test_a_cleared_generation_is_read_without_its_moved_list(store_dir: Path):
+    """A manifest read costs the segment list: once a generation is cleared, its moved list
+    is never opened (here: gone, and every reader still answers); before, it is, and the
+    moved shards still in the inbox are skipped."""
+    store = Store(str(store_dir))
+    refs = fill(store, 6)
+    compact(store, refs[:4], None)
+    before = read_steps_table(store)
+    manifest = read_manifest(store)
+    assert manifest.cleared and manifest.moved_count == 4
+    assert len(manifest.to_json()) < 1500  # segments only: no shard id in it
+    sidecar = moved_path(store, manifest.moved_file)
+    moved = moved_by(store, manifest)
+    store.fs.rm_file(sidecar)
+    assert [r.shard_id for r in step_files(store).shards] == [r.shard_id for r in refs[4:]]
+    assert_each_group_once(store, before)
+    # not cleared (a compaction killed between its commit and its marker), a moved shard
+    # back in the inbox: the list is read, the shard skipped, the next compaction clears
+    store.fs.pipe_file(sidecar, moved_json(sorted(moved)))
+    store.fs.rm_file(cleared_path(store, manifest.generation))
+    put(store, refs[0].path, b"its groups are in the segment")
+    assert not read_manifest(store).cleared
+    assert refs[0].shard_id not in {r.shard_id for r in step_files(store).shards}
+    assert_each_group_once(store, before)
+    assert compact(store, [], None).recovered == 1
+    assert read_manifest(store).cleared and not store.exists(refs[0].path)
+
+
+def test_a_format_1_manifest_is_read_and_migrated(store_dir: Path):
+    """Stores compacted before the moved list had its own file (format 1: the ids inline)
+    read as before; the next compaction clears them and writes format 2."""
+    store = Store(str(store_dir))
+    refs = fill(store, 5)
+    compact(store, refs[:3], None)
+    before = read_steps_table(store)
+    manifest = read_manifest(store)
+    old = json.loads(manifest.to_json())
+    old |= {"format": 1, "compacted": sorted(moved_by(store, manifest))}
+    del old["moved_file"], old["moved_count"]
+    for path in store.glob(store.path(ARCHIVE, MANIFESTS, "*")):
+        store.fs.rm_file(path)
+    store.fs.pipe_file(manifest_path(store, 1), json.dumps(old).encode())
+    put(store, refs[1].path, store.read_bytes(refs[3].path))  # a moved shard left over
+    migrated = read_manifest(store)
+    assert migrated.inline_moved == {r.shard_id for r in refs[:3]} and not migrated.cleared
+    assert refs[1].shard_id not in {r.shard_id for r in step_files(store).shards}
+    assert_each_group_once(store, before)
+    result = compact(store, store.list_shards(), None)  # removes refs[1], moves refs[3:]
+    assert result.recovered == 1 and result.shards == 2
+    newest = json.loads(store.read_bytes(manifest_path(store, 2)))
+    assert newest["format"] == 2 and "compacted" not in newest
+    assert_each_group_once(store, before)
+    assert_tidy(store)
+
+
+def test_the_documented_plain_reading_of_the_archive_counts_each_row_once(store_dir: Path):
+    """docs/store.md's Python block (no gagpo import) finds the same rows as the reader,
+    halfway through a compaction (a moved shard still in the inbox) and after it."""
+    text = (Path(__file__).parents[1] / "docs" / "store.md").read_text()
+    block = text.split("**Reading the archive without gagpo.**")[1].split("```python")[1]
+    code = block.split("```")[0].replace('store = "runs/a"', f"store = {str(store_dir)!r}")
+    store = Store(str(store_dir))
+    refs = fill(store, 5)
+    compact(store, refs[:3], None)
+    fill(store, 2, first=5)
+    want = read_steps_table(store).num_rows
+    scope: dict = {}
+    exec(compile(code, "docs/store.md", "exec"), scope)  # our own docs
+    assert scope["steps"].select(pl.len()).collect().item() == want
+    manifest = read_manifest(store)
+    store.fs.rm_file(cleared_path(store, manifest.generation))
+    put(store, refs[0].path, store.read_bytes(refs[3].path))  # moved, not yet removed
+    exec(compile(code, "docs/store.md", "exec"), scope)
+    assert scope["steps"].select(pl.len()).collect().item() == want
 
 
 # --- 2. the ledger --------------------------------------------------------------------
@@ -458,9 +550,14 @@ def leftovers(store: Store) -> set[str]:
                 out.add(store.path(ARCHIVE, folder, name))
                 ids.add(name[: -len(".parquet")])
     for ref in store.list_shards():
-        if manifest and ref.shard_id in manifest.compacted:
+        if ref.shard_id in moved_shards(store, manifest):
             out.add(ref.path)
             ids.add(ref.shard_id)
+    folder = manifest_folder(store)
+    keep = manifest.moved_file if manifest else None
+    for generation, moved in folder.moved.items():  # moved lists no generation names
+        if generation >= (manifest.generation if manifest else 0):
+            out |= {store.path(ARCHIVE, MANIFESTS, n) for n in moved if n != keep}
     for tag in names(store, ADVANTAGES):
         for name in names(store, ADVANTAGES, tag):
             if not name.startswith(".") and name[: -len(".parquet")] in ids:
@@ -471,7 +568,7 @@ def leftovers(store: Store) -> set[str]:
 def temporaries(store: Store) -> list[str]:
     """Temporary files under archive/ and advantages/ (a killed commit's)."""
     found = []
-    for parts in [(ARCHIVE, SEGMENTS), (ARCHIVE, LEDGER_PARTS)] + [
+    for parts in [(ARCHIVE, SEGMENTS), (ARCHIVE, LEDGER_PARTS), (ARCHIVE, MANIFESTS)] + [
         (ADVANTAGES, tag) for tag in names(store, ADVANTAGES)
     ]:
         found += [posixpath.join(*parts, n) for n in names(store, *parts) if n.startswith(".")]
@@ -479,31 +576,40 @@ def temporaries(store: Store) -> list[str]:
 
 
 KILL_PHASES = [
-    # phase:n, what is committed there, the files it leaves (temporaries aside)
-    pytest.param("commit-archive:1", 0, id="segment-commit"),  # the merged segment's commit
-    pytest.param("commit-archive:2", 1, id="ledger-part-commit"),  # segment committed
-    pytest.param("commit-advantages:1", 2, id="advantages-commit"),  # + its ledger part
-    pytest.param("compact-written:1", 3, id="written"),  # + its advantage table
+    # phase:n, what is committed there, the files it leaves (temporaries aside), the
+    # generation committed, the inbox shards left
+    pytest.param("commit-archive:1", 0, 1, 3, id="segment-commit"),  # the merged segment's
+    pytest.param("commit-archive:2", 1, 1, 3, id="ledger-part-commit"),  # segment committed
+    pytest.param("commit-advantages:1", 2, 1, 3, id="advantages-commit"),  # + ledger part
+    pytest.param("compact-written:1", 3, 1, 3, id="written"),  # + its advantage table
+    pytest.param("commit-archive:3", 3, 1, 3, id="moved-list-commit"),  # the moved list's
     # generation 2 committed: 3 moved shards and their tables, the merged segment, its
     # ledger part and table still there
-    pytest.param("compact-committed:1", 9, id="committed"),
+    pytest.param("compact-committed:1", 9, 2, 3, id="committed"),
+    # the moved shards and all their tables removed, the cleared marker not yet committed:
+    # the merged segment and its ledger part left
+    pytest.param("commit-archive:4", 2, 2, 0, id="cleared-commit"),
 ]
 
 
-@pytest.mark.parametrize(("phase", "left"), KILL_PHASES)
-def test_a_killed_compaction_loses_nothing_and_is_finished_by_the_next(tmp_path, phase, left):
+@pytest.mark.parametrize(("phase", "left", "generation", "inbox"), KILL_PHASES)
+def test_a_killed_compaction_loses_nothing_and_is_finished_by_the_next(
+    tmp_path, phase, left, generation, inbox
+):
     store, ledger = prepared_store(tmp_path / "store")
     before = read_steps_table(store)
-    committed = phase.startswith("compact-committed")
-    kill_at(tmp_path, store, phase, cli=committed)  # the CLI once: its lease dies with it
+    cli = phase.startswith("compact-committed")
+    kill_at(tmp_path, store, phase, cli=cli)  # the CLI once: its lease dies with it
     manifest = read_manifest(store)
-    assert manifest.generation == (2 if committed else 1)
+    assert manifest.generation == generation
+    assert manifest.cleared == (generation == 1)  # the prepared generation is cleared
     # readers: every group exactly once, the same rows, and the ledger once per group
     assert_each_group_once(store, before)
     keys = [(C.GROUP_ID, "ascending")]
     assert canon(read_ledger(store), keys).equals(canon(ledger, keys))
-    if committed:  # the moved shards still sit in the inbox, but readers skip them
-        assert len(store.list_shards()) == 3 and not step_files(store).shards
+    assert len(store.list_shards()) == inbox
+    if generation == 2:  # moved shards still in the inbox are skipped by readers
+        assert not step_files(store).shards
     left_behind = leftovers(store)
     assert len(left_behind) == left, sorted(left_behind)
 
@@ -530,7 +636,9 @@ def test_a_killed_compaction_loses_nothing_and_is_finished_by_the_next(tmp_path,
     assert again.generation is None and again.recovered == 0
 
 
-@pytest.mark.parametrize("phase", ["commit-archive:1", "commit-archive:2", "commit-advantages:1"])
+@pytest.mark.parametrize(
+    "phase", ["commit-archive:1", "commit-archive:2", "commit-advantages:1", "commit-archive:3"]
+)
 def test_a_compaction_killed_inside_a_commit_leaves_no_temporary(tmp_path, phase):
     store, _ = prepared_store(tmp_path / "store")
     kill_at(tmp_path, store, phase, cli=False)
@@ -562,8 +670,10 @@ def _raise_at(phase: str, n: int):
         pytest.param("commit-archive:2", True, id="ledger-part-commit"),
         pytest.param("commit-advantages:1", True, id="advantages-commit"),
         pytest.param("compact-written:1", True, id="written"),
+        pytest.param("commit-archive:3", True, id="moved-list-commit"),
         pytest.param("compact-committed:1", True, id="committed"),
         pytest.param("compact-committed:1", False, id="committed-without-ledger"),
+        pytest.param("commit-archive:4", True, id="cleared-commit"),
     ],
 )
 def test_recovery_reports_exactly_the_files_it_removed(tmp_path, monkeypatch, phase, ledger_rows):

@@ -70,7 +70,7 @@ def snapshot(store_dir: Path) -> tuple[pa.Table, int]:
 
 
 def problems(store_dir: Path, before: pa.Table, ledger_rows: int) -> list[str]:
-    from gagpo.schemas.archive import read_manifest, step_files
+    from gagpo.schemas.archive import moved_by, read_manifest, step_files
     from gagpo.schemas.store import Store
 
     store = Store(str(store_dir))
@@ -87,7 +87,7 @@ def problems(store_dir: Path, before: pa.Table, ledger_rows: int) -> list[str]:
             if path.name.startswith(".") or path.stem not in named:
                 out.append(f"archive/{folder}/{path.name} not named by the manifest")
     files = step_files(store)
-    if manifest and {r.shard_id for r in files.shards} & manifest.compacted:
+    if manifest and {r.shard_id for r in files.shards} & moved_by(store, manifest):
         out.append("a moved shard is still in the inbox")
     alive = set(files.ids())
     for path in (store_dir / "advantages").rglob("*"):
