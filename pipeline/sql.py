@@ -17,13 +17,17 @@
     heldout          one row per evaluated policy version: success on the run's held-out tasks
                      (eval/heldout.parquet, `gagpo run` with [run] eval_groups; else empty)
 
-Confinement works by never letting DuckDB touch a file system. The store's committed
-files are listed here, in Python, and handed to DuckDB as Arrow datasets that pyarrow
-scans (through fsspec for object stores); the connection itself is opened with
-`enable_external_access = false` (no file functions, COPY, ATTACH, EXPORT, INSTALL or
+Confinement works by letting DuckDB touch no file but those listed here, in Python. The
+store's committed files are handed to DuckDB as Arrow datasets that pyarrow scans
+(through fsspec for object stores), except the archive's segments on a local store,
+which DuckDB reads itself (several times faster on a long run's history): they, and
+nothing else, are its `allowed_paths`. The connection runs with
+`enable_external_access = false` (no other file, no COPY, ATTACH, EXPORT, INSTALL or
 extension loading), Python replacement scans off, and then `lock_configuration = true`
-so that no query can switch any of it back. DuckDB refuses the rest itself; nothing
-here inspects query text.
+so that no query can switch any of it back. Statements that name files or databases
+(ATTACH, DETACH, COPY, EXPORT, LOAD, INSTALL) are refused before DuckDB runs them, as
+parsed by DuckDB's own parser, so an allowed segment can be read, never attached or
+written; DuckDB refuses the rest itself.
 
 Bounds (`Limits`): each connection gets a memory limit and spills only into a private
 temporary folder (mode 0700, removed by `close_store_db` or at exit), never into the
@@ -109,6 +113,7 @@ class Limits:
 
 
 _TEMP_DIRS: dict[int, str] = {}  # id(connection) → its private spill folder
+_SEGMENTS: dict[int, list[str]] = {}  # id(connection) → the segments DuckDB reads itself
 
 
 def open_store_db(
@@ -136,17 +141,25 @@ def open_store_db(
     memory_bytes(memory_limit)  # a clear line for a bad size, before DuckDB sees it
     filesystem = src.arrow_filesystem(store)
 
+    files = step_files(store)  # archive and inbox, each group once (schemas/archive.py)
+    segments = src.native_segments(store, files)  # read by DuckDB itself, allowed by path
     spill = tempfile.mkdtemp(prefix="gagpo-sql-")  # 0700: private to this user
+    # allowed_paths can be set only while external access is on: then it goes off
     config = dict(_LOCKED_SETTINGS, memory_limit=memory_limit, temp_directory=spill)
+    config["enable_external_access"] = bool(segments)
     try:
         con = duckdb.connect(":memory:", config=config)
+        if segments:
+            con.execute(f"SET allowed_paths = {_sql_list(segments)}")
+            con.execute("SET enable_external_access = false")
     except duckdb.Error as exc:
         shutil.rmtree(spill, ignore_errors=True)
         raise GagpoError(f"cannot open DuckDB ({_first_line(exc)})") from None
     _TEMP_DIRS[id(con)] = spill
-    files = step_files(store)  # archive and inbox, each group once (schemas/archive.py)
+    _SEGMENTS[id(con)] = segments or []
+    steps = src.inbox_files(store, files) if segments is not None else src.steps_files(store, files)
     sources = {
-        "steps": src.parquet_source(filesystem, src.steps_files(store, files), C.STEPS_SCHEMA),
+        "steps": src.parquet_source(filesystem, steps, C.STEPS_SCHEMA),
         "advantages": src.advantages_source(store, filesystem, files),
         "estimators": src.estimators_table(store, files),
         "policy": src.policy_table(store),
@@ -161,17 +174,47 @@ def open_store_db(
     as_of = _as_of_filters(store, as_of_update)
     if as_of:
         con.register("_gagpo_as_of_groups", as_of_groups(store, as_of_update))
+    try:
+        _create_views(con, sources, segments, as_of, gamma)
+    except duckdb.Error:
+        close_store_db(con)
+        gone = _gone(segments or [])
+        if gone is not None:
+            raise gone from None
+        raise
+    return con
+
+
+def _create_views(con, sources: dict, segments: list[str] | None, as_of: dict[str, str],
+                  gamma: float) -> None:  # fmt: skip
     for name, source in sources.items():
-        if name in as_of:  # the store as it stood after that update: a filtering view
-            con.register(f"_gagpo_{name}_all", source)
-            con.execute(f"CREATE VIEW _gagpo_{name} AS SELECT * FROM _gagpo_{name}_all "
-                        f"WHERE {as_of[name]}")  # fmt: skip
+        table = f"_gagpo_{name}_all" if name in as_of else f"_gagpo_{name}"
+        if name == "steps" and segments:  # the archive by DuckDB, the inbox tail by Arrow
+            con.register("_gagpo_inbox", source)
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_list(segments)}) "
+                        "UNION ALL BY NAME SELECT * FROM _gagpo_inbox")  # fmt: skip
         else:
-            con.register(f"_gagpo_{name}", source)
+            con.register(table, source)
+        if name in as_of:  # the store as it stood after that update: a filtering view
+            con.execute(f"CREATE VIEW _gagpo_{name} AS SELECT * FROM {table} WHERE {as_of[name]}")
     for statement in view_statements(gamma):
         con.execute(statement)
     con.execute("SET lock_configuration = true")
-    return con
+
+
+def _gone(segments: list[str]) -> GagpoError | None:
+    """A segment DuckDB reads itself that a compaction merged away since it was listed:
+    DuckDB then looks for a folder of that name, which it may not list, and refuses. Said
+    as the missing file it is, so query_store resolves the store again."""
+    gone = [p for p in segments if not os.path.exists(p)]
+    if not gone:
+        return None
+    return GagpoError(f"query failed: No such file: {gone[0]} (a compaction merged it)")
+
+
+def _sql_list(paths: list[str]) -> str:
+    """`paths` as a DuckDB list of string literals."""
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
 def as_of_groups(store: Store, update: int) -> pa.Table:
@@ -193,6 +236,7 @@ def _as_of_filters(store: Store, update: int | None) -> dict[str, str]:
 def close_store_db(con: duckdb.DuckDBPyConnection) -> None:
     """Close the connection and remove its spill folder."""
     con.close()
+    _SEGMENTS.pop(id(con), None)
     spill = _TEMP_DIRS.pop(id(con), None)
     if spill:
         shutil.rmtree(spill, ignore_errors=True)
@@ -252,6 +296,7 @@ def run_query(con: duckdb.DuckDBPyConnection, query: str, limits: Limits | None 
     """
     limits = limits or Limits()
     try:
+        _refuse_file_statements(query)
         with time_limit(con, limits.timeout_s, limits.memory()):
             relation = con.sql(query)
             if relation is None:  # a statement without a result (SET, CREATE TABLE …)
@@ -259,6 +304,9 @@ def run_query(con: duckdb.DuckDBPyConnection, query: str, limits: Limits | None 
             return _fetch(relation, memory_bytes(limits.memory()))
     except (duckdb.PermissionException, duckdb.InvalidInputException) as exc:
         reason = _first_line(exc)
+        gone = _gone(_SEGMENTS.get(id(con), []))
+        if gone is not None:
+            raise gone from None
         if isinstance(exc, duckdb.PermissionException) or "configuration has been locked" in reason:
             raise GagpoError(
                 "query refused: gagpo sql is read-only and confined to the store "
@@ -267,6 +315,30 @@ def run_query(con: duckdb.DuckDBPyConnection, query: str, limits: Limits | None 
         raise GagpoError(f"query failed: {reason}") from None
     except duckdb.Error as exc:
         raise GagpoError(f"query failed: {_first_line(exc)}") from None
+
+
+# Statements that name files or databases. DuckDB refuses them for every path but the
+# archive's segments, which the connection reads itself (allowed by path): refused here
+# for those too, so nothing can attach, copy over or export to a store's file.
+_FILE_STATEMENTS = frozenset(
+    getattr(duckdb.StatementType, name)
+    for name in ("ATTACH", "DETACH", "COPY", "COPY_DATABASE", "EXPORT", "LOAD", "EXTENSION")
+    if hasattr(duckdb.StatementType, name)
+)
+
+
+def _refuse_file_statements(query: str) -> None:
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error:  # not SQL: DuckDB says why when it runs it
+        return
+    for statement in statements:
+        try:
+            kind = statement.type
+        except ValueError:  # a kind this duckdb's Python API cannot name (UPDATE EXTENSIONS)
+            raise duckdb.PermissionException("this kind of statement is not accepted") from None
+        if kind in _FILE_STATEMENTS:
+            raise duckdb.PermissionException(f"{kind.name} statements are not accepted")
 
 
 def query_store(store: Store | str, query: str, *, gamma: float = DEFAULT_GAMMA,

@@ -122,15 +122,37 @@ def _footer_schema(store: Store, path: str) -> pa.Schema:
         return pq.read_schema(handle)
 
 
+# A path holding one of these is a pattern to DuckDB's read_parquet, never a file name.
+_PATTERN_CHARACTERS = frozenset("*?[]{}")
+
+
+def native_segments(store: Store, files: StepFiles) -> list[str] | None:
+    """The archive's segments for DuckDB to read itself (`read_parquet`, allowed by path in
+    pipeline/sql.py), or None where the Arrow scan reads them: object stores (DuckDB has no
+    fsspec) and paths DuckDB would take as a pattern. Segments are the bulk of a long run's
+    steps and are written, validated, by the compactor alone; DuckDB's own reader counts
+    from their footers and scans them in parallel, several times faster than a scan
+    through Arrow (benchmarks/RESULTS.md, issue 29)."""
+    paths = files.segment_paths(store)
+    if not store.is_local or any(_PATTERN_CHARACTERS & set(p) for p in paths):
+        return None
+    return inside(store, paths)
+
+
+def inbox_files(store: Store, files: StepFiles) -> list[str]:
+    """The inbox shards the archive does not hold that are the store's own and readable (a
+    shard a learner has not quarantined yet may be neither)."""
+    shards = inside(store, [ref.path for ref in files.shards])
+    return readable(store, shards, C.STEPS_SCHEMA, "steps")
+
+
 def steps_files(store: Store, files: StepFiles | None = None) -> list[str]:
     """The files of the store's steps (schemas/archive.py, the one reader): the archive's
-    segments, then the inbox shards it does not hold that are the store's own and readable
-    (a shard a learner has not quarantined yet may be neither). Segments are written by
-    the compactor alone: their footers are not read here, so a query reads a few large
-    files and no dataset discovery runs footer by footer over the history."""
+    segments, then the inbox tail (`inbox_files`). Segments are written by the compactor
+    alone: their footers are not read here, so a query reads a few large files and no
+    dataset discovery runs footer by footer over the history."""
     files = step_files(store) if files is None else files
-    shards = inside(store, [ref.path for ref in files.shards])
-    return files.segment_paths(store) + readable(store, shards, C.STEPS_SCHEMA, "steps")
+    return files.segment_paths(store) + inbox_files(store, files)
 
 
 def parquet_source(filesystem, paths: list[str], schema: pa.Schema, **options):
