@@ -23,11 +23,10 @@ from tests.steps_factory import make_steps
 def compacted_store(root: Path, shards: int = 8, archived: int = 5) -> Store:
     """`shards` shards of 1–2 groups (G = 3); the first `archived` compacted."""
     store = Store(str(root))
-    refs = [
-        store.write_shard(make_steps(run_id=f"r{i % 2}", shard_id=f"s{i:03d}", groups=1 + i % 2,
-                                     group_size=3), group_size=3)  # fmt: skip
-        for i in range(shards)
-    ]
+    refs = []
+    for i in range(shards):
+        steps = make_steps(run_id=f"r{i % 2}", shard_id=f"s{i:03d}", groups=1 + i % 2, group_size=3)
+        refs.append(store.write_shard(steps, group_size=3))
     compact(store, refs[:archived], None)
     return store
 
@@ -58,9 +57,7 @@ def test_segments_are_read_by_duckdb_and_answer_as_the_arrow_scan(tmp_path, monk
     for view in VIEWS:
         assert native[view][0] == arrow[view][0], view  # the same columns and types
         assert native[view][1] == arrow[view][1], view  # the same rows
-    assert len(native["steps"][1]) == sum(
-        store.read_table(p).num_rows for p in files.paths(store)
-    )
+    assert len(native["steps"][1]) == sum(store.read_table(p).num_rows for p in files.paths(store))
 
 
 def test_a_store_path_duckdb_would_read_as_a_pattern_is_scanned_by_arrow(tmp_path):
