@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from gagpo.actors.envs import environment_names
-from gagpo.schemas.cli import field_choices, field_help, run_cli, set_option
-from gagpo.schemas.config import ActorConfig, SamplingConfig, VllmSettings
-from gagpo.schemas.overrides import merge, parse_sets
+from gagpo.schemas.cli import config_option, run_cli, set_option
+from gagpo.schemas.cli_models import ModelOptions
+from gagpo.schemas.config import ActorConfig
 
 # Built-ins and entry points of installed packages; the registry imports no engine: cheap.
 ENV_NAMES = ", ".join(environment_names())
@@ -78,65 +78,27 @@ def _print_summary(summary, store_url: str) -> None:
     )
 
 
+# Flags users know under other names than the fields' (the fields' own names work too).
+ALIASES = {
+    "--temperature": "sampling.temperature",
+    "--top-p": "sampling.top_p",
+    "--max-new-tokens": "sampling.max_new_tokens",
+    "--batch-size": "sampling.batch_size",
+    "--vllm-lora": "vllm.enable_lora",
+    "--vllm-gpu-memory": "vllm.gpu_memory_utilization",
+    "--store-retry-seconds": "store_retry_s",
+}
+OPTIONS = ModelOptions(ActorConfig, aliases=ALIASES, extra_help={"env": f"Accepted: {ENV_NAMES}."})
+
+
 @click.command(
     name="actors", context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
 )
-@click.option("--store", help=field_help(ActorConfig, "store"))
-@click.option("--env", help=field_help(ActorConfig, "env") + f" Accepted: {ENV_NAMES}.")
-@click.option("--policy", help=field_help(ActorConfig, "policy"))
-@click.option("--groups", type=int, help=field_help(ActorConfig, "groups"))
-@click.option("--group-size", type=int, help=field_help(ActorConfig, "group_size"))
-@click.option("--max-turns", type=int, help=field_help(ActorConfig, "max_turns"))
-@click.option("--seed", type=int, help=field_help(ActorConfig, "seed"))
-@click.option("--follow/--no-follow", default=None, help=field_help(ActorConfig, "follow"))
-@click.option("--throttle/--no-throttle", default=None, help=field_help(ActorConfig, "throttle"))
-@click.option("--run-id", help=field_help(ActorConfig, "run_id"))
-@click.option("--groups-per-shard", type=int, help=field_help(ActorConfig, "groups_per_shard"))
-@click.option("--groups-in-flight", type=int, help=field_help(ActorConfig, "groups_in_flight"))
-@click.option(
-    "--env-executor",
-    type=field_choices(ActorConfig, "env_executor"),
-    help=field_help(ActorConfig, "env_executor"),
-)
-@click.option("--env-workers", type=int, help=field_help(ActorConfig, "env_workers"))
-@click.option("--history-window", type=int, help=field_help(ActorConfig, "history_window"))
-@click.option("--device", help=field_help(ActorConfig, "device"))
-@click.option("--threads", type=int, help=field_help(ActorConfig, "threads"))
-@click.option(
-    "--backend",
-    type=field_choices(ActorConfig, "backend"),
-    help=field_help(ActorConfig, "backend"),
-)
-@click.option(
-    "--vllm-lora/--no-vllm-lora", default=None, help=field_help(VllmSettings, "enable_lora")
-)
-@click.option(
-    "--vllm-gpu-memory", type=float, help=field_help(VllmSettings, "gpu_memory_utilization")
-)
-@click.option(
-    "--store-retry-seconds",
-    "store_retry_s",
-    type=float,
-    help=field_help(ActorConfig, "store_retry_s"),
-)
-@click.option("--expert", is_flag=True, default=None, help=field_help(ActorConfig, "expert"))
-@click.option("--expert-noise", type=float, help=field_help(ActorConfig, "expert_noise"))
-@click.option("--temperature", type=float, help=field_help(SamplingConfig, "temperature"))
-@click.option("--top-p", type=float, help=field_help(SamplingConfig, "top_p"))
-@click.option("--max-new-tokens", type=int, help=field_help(SamplingConfig, "max_new_tokens"))
-@click.option("--batch-size", type=int, help=field_help(SamplingConfig, "batch_size"))
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(dir_okay=False),
-    help="TOML file with these settings (its [actors] table, or the top level); flags override it.",
-)
+@OPTIONS
+@config_option("actors")
 @set_option("sampling.top_p=0.9", "env_options.challenge=tw-cooking")
 @click.option("--quiet", is_flag=True, help="No progress output; only the summary.")
-def actors_command(
-    config_file, quiet, temperature, top_p, max_new_tokens, batch_size, sets, vllm_lora,
-    vllm_gpu_memory, **flags
-) -> None:  # fmt: skip
+def actors_command(config_file, sets, quiet, **values) -> None:
     """Roll out POLICY in ENV, G rollouts per task, and commit whole groups as Parquet shards.
 
     Before each group the newest complete policy version named by STORE/policy/LATEST
@@ -145,17 +107,7 @@ def actors_command(
     With --follow an actor also waits while the learner's backlog (committed groups not
     in STORE/learner/ledger.parquet) covers what it can train within max_staleness.
     """
-    from gagpo.schemas.config import load_config
-
-    overrides = {key: value for key, value in flags.items()}
-    overrides["sampling.temperature"] = temperature
-    overrides["sampling.max_new_tokens"] = max_new_tokens
-    overrides["sampling.batch_size"] = batch_size
-    overrides["sampling.top_p"] = top_p
-    overrides["vllm.enable_lora"] = vllm_lora
-    overrides["vllm.gpu_memory_utilization"] = vllm_gpu_memory
-    overrides = merge(parse_sets(sets, ActorConfig, "actors"), overrides)
-    config = load_config(ActorConfig, config_file, section="actors", overrides=overrides)
+    config = OPTIONS.load(config_file, sets, values, section="actors")
 
     from gagpo.schemas.extras import require
 

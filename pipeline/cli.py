@@ -13,27 +13,29 @@ from typing import Any
 import click
 
 from gagpo.pipeline.config import (
-    ESTIMATOR_NAMES,
-    GIGPO_VARIANTS,
     AdvantagesCommand,
     EstimatorConfig,
     GagpoConfig,
     GigpoConfig,
     parse_estimator_config,
 )
-from gagpo.schemas.cli import field_help, ray_option, run_cli, set_option
+from gagpo.schemas.cli import config_option, ray_option, run_cli, set_option
+from gagpo.schemas.cli_models import ModelOptions
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.overrides import merge, parse_sets
 
 GAGPO_FAMILY = ("gagpo", "gagpo_lambda0", "gagpo_lambda1")
 
 
-def estimator_config(settings: dict[str, Any], omega: str | None) -> Any:
+def estimator_config(settings: dict[str, Any], omega: str | float | None) -> Any:
     """The estimator config from TOML settings and flags; --omega is ω_E for the GAGPO
     family and ω for GiGPO."""
     settings = dict(settings)
     name = settings.get("estimator") or "gagpo"
     if omega is not None:
+        try:
+            omega = float(omega)
+        except ValueError:
+            raise GagpoError(f"--omega {omega!r} is not a number; accepted: e.g. 0.5") from None
         if name in GAGPO_FAMILY:
             settings["omega_episode"] = omega
         elif name == "gigpo":
@@ -46,63 +48,37 @@ def estimator_config(settings: dict[str, Any], omega: str | None) -> Any:
     return parse_estimator_config(settings)
 
 
+# The command's fields and every estimator's, at the top level as in its TOML table.
+# --omega is written below: it means ω_E for the GAGPO family and ω for GiGPO.
+OPTIONS = ModelOptions(
+    AdvantagesCommand,
+    EstimatorConfig,
+    aliases={"--gigpo-variant": "variant"},
+    metavars={
+        "input": "FILE_OR_GLOB",
+        "out": "FILE",
+        "store": "URL",
+        "run": "ID",
+        "as_of_update": "U",
+        "compression": "CODEC",
+    },
+    skip=("omega",),
+    whole=("input",),
+)
+
+
 @click.command(name="advantages", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--input",
-    "inputs",
-    multiple=True,
-    metavar="FILE_OR_GLOB",
-    help="Parquet file(s) of steps with at least group_id, traj_id, step, state_key, "
-    "next_state_key, reward, done, truncated; repeatable. Each file is one batch.",
-)
-@click.option("--out", metavar="FILE", help=field_help(AdvantagesCommand, "out"))
-@click.option("--store", metavar="URL", help=field_help(AdvantagesCommand, "store"))
-@click.option("--run", "run_id", metavar="ID", help=field_help(AdvantagesCommand, "run"))
-@click.option(
-    "--estimator",
-    metavar="NAME",
-    help=f"Advantage estimator; accepted: {', '.join(ESTIMATOR_NAMES)} [default: gagpo]",
-)
-@click.option("--gamma", metavar="FLOAT", help=field_help(GagpoConfig, "gamma"))
-@click.option("--lam", metavar="FLOAT", help=field_help(GagpoConfig, "lam") + " (gagpo only)")
-@click.option("--norm", metavar="MODE", help=field_help(GagpoConfig, "norm"))
+@OPTIONS
 @click.option(
     "--omega",
     metavar="FLOAT",
-    help="Weight of the extra term: ω_E of the episode advantage for gagpo* "
-    f"[default: {GagpoConfig.model_fields['omega_episode'].default}], ω of the step "
-    f"advantage for gigpo [default: {GigpoConfig.model_fields['omega'].default}].",
+    help=f"With estimator gigpo, {GigpoConfig.model_fields['omega'].description} With gagpo, "
+    "gagpo_lambda0 or gagpo_lambda1, ω_E: the weight of the episode advantage, as "
+    "--omega-episode. [default: "
+    f"{GigpoConfig.model_fields['omega'].default} (gigpo), "
+    f"{GagpoConfig.model_fields['omega_episode'].default} (gagpo*)]",
 )
-@click.option("--eps", metavar="FLOAT", help=field_help(GagpoConfig, "eps"))
-@click.option(
-    "--step-std/--no-step-std",
-    default=None,
-    help=field_help(GigpoConfig, "step_std") + " (gigpo only)",
-)
-@click.option(
-    "--gigpo-variant",
-    "variant",
-    metavar="NAME",
-    help=field_help(GigpoConfig, "variant")
-    + f" Accepted: {', '.join(GIGPO_VARIANTS)} (gigpo only).",
-)
-@click.option(
-    "--state-grouping",
-    "state_grouping",
-    metavar="MODE",
-    help="Which steps share a value-proxy pool; accepted: exact [default], normalized, "
-    "normalized:MODULE:FUNCTION, similar:TAU, minhash:TAU (docs/design.md §4).",
-)
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(dir_okay=False),
-    help="TOML file: its [advantages] table (or the top level) sets estimator fields and "
-    "input/out/store/run/compression; flags override it.",
-)
-@click.option("--compression", metavar="CODEC", help=field_help(AdvantagesCommand, "compression"))
-@click.option("--as-of-update", "as_of_update", type=click.IntRange(min=0), metavar="U",
-              help=field_help(AdvantagesCommand, "as_of_update"))  # fmt: skip
+@config_option("advantages")
 @set_option("lam=0.9", "norm=batch")
 @click.option("--quiet", is_flag=True, help="Print only the summary line, not the diagnostics.")
 @click.option(
@@ -118,10 +94,7 @@ def estimator_config(settings: dict[str, Any], omega: str | None) -> Any:
     "or HOST:PORT joins a running cluster, --ray alone starts a local instance. Default: "
     "processes on this machine."
 )
-def advantages(
-    inputs, out, store, run_id, omega, config_file, compression, as_of_update, quiet, sets,
-    workers, ray_address, **flags
-) -> None:  # fmt: skip
+def advantages(omega, config_file, sets, quiet, workers, ray_address, **values) -> None:
     """Compute GAGPO (or baseline) advantages for stored steps.
 
     \b
@@ -134,22 +107,10 @@ def advantages(
     advantages/<estimator_tag>/<shard_id>.parquet. Diagnostics are printed per batch
     and summarised over groups.
     """
-    from gagpo.schemas.config import load_config
-
-    command = {"input": list(inputs) or None, "out": out, "store": store, "run": run_id,
-               "compression": compression, "as_of_update": as_of_update}  # fmt: skip
-    overrides = merge(parse_sets(sets, EstimatorConfig, "advantages"), flags | command)
-    cmd = load_config(AdvantagesCommand, config_file, section="advantages", overrides=overrides)
-    inputs, out, store, run_id, compression = (
-        cmd.input,
-        cmd.out,
-        cmd.store,
-        cmd.run,
-        cmd.compression,
-    )
-    as_of_update = cmd.as_of_update
-    settings = cmd.estimator_settings()
-    config = estimator_config(settings, omega)
+    cmd = OPTIONS.load(config_file, sets, values, section="advantages")
+    inputs, out, store, run_id = cmd.input, cmd.out, cmd.store, cmd.run
+    compression, as_of_update = cmd.compression, cmd.as_of_update
+    config = estimator_config(cmd.estimator_settings(), omega)
 
     if store and (inputs or out):
         raise GagpoError("give either --store or --input/--out, not both")

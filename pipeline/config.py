@@ -30,7 +30,9 @@ EXACT = "exact"  # the default state grouping: left out of parameters and tags
 class _Estimator(BaseModel):
     """Fields every estimator has. Unknown keys are errors; docstrings document fields."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, strict=True
+    )  # strict: `gamma = "0.9"` in a TOML table is refused, not read as 0.9
 
     gamma: float = Field(0.95, ge=0.0, le=1.0)
     """Discount γ of the return-to-go G_t = Σ_k γ^(k-t) r_k (and of the TD residual)."""
@@ -93,6 +95,8 @@ class GagpoConfig(_GagpoFamily):
     """GAGPO: GAE with γ, λ over TD residuals of the grouped value proxy (docs/design.md §4)."""
 
     estimator: Literal["gagpo"] = "gagpo"
+    """Which estimator: the name picks the variant, and with it the parameters accepted
+    beside it (GAGPO by default)."""
     lam: float = Field(0.8, ge=0.0, le=1.0)
     """GAE λ: 1 gives G_t − V̂(s_t) (plus the bootstrap of a truncated end), 0 one-step TD."""
 
@@ -101,6 +105,7 @@ class GagpoLambda0Config(_GagpoFamily):
     """Ablation: GAGPO with λ = 0 (the advantage is the one-step TD residual)."""
 
     estimator: Literal["gagpo_lambda0"] = "gagpo_lambda0"
+    """Which estimator: GAGPO with λ = 0."""
 
     @property
     def lam(self) -> float:
@@ -114,6 +119,7 @@ class GagpoLambda1Config(_GagpoFamily):
     """Ablation: GAGPO with λ = 1 (return minus the grouped value proxy)."""
 
     estimator: Literal["gagpo_lambda1"] = "gagpo_lambda1"
+    """Which estimator: GAGPO with λ = 1."""
 
     @property
     def lam(self) -> float:
@@ -129,6 +135,7 @@ class GigpoConfig(_Estimator):
     the episode term."""
 
     estimator: Literal["gigpo"] = "gigpo"
+    """Which estimator: GiGPO."""
     omega: float = Field(1.0, ge=0.0, le=100.0)
     """ω: weight of the step advantage."""
     step_std: bool = True
@@ -146,6 +153,7 @@ class GrpoConfig(_Estimator):
     rollouts, broadcast to every step. γ only shapes the `return` and proxy columns."""
 
     estimator: Literal["grpo"] = "grpo"
+    """Which estimator: GRPO."""
 
 
 class RlooConfig(_Estimator):
@@ -153,6 +161,7 @@ class RlooConfig(_Estimator):
     broadcast to every step (0 when the group has one rollout). Unnormalised by default."""
 
     estimator: Literal["rloo"] = "rloo"
+    """Which estimator: RLOO."""
     norm: Norm = "none"
     """Normalisation of the leave-one-out advantage over the group's rollouts (default none)."""
 
@@ -209,7 +218,8 @@ class AdvantagesCommand(BaseModel):
     model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     input: list[str] = Field(default_factory=list)
-    """Parquet files or globs of steps; each file is one batch."""
+    """Parquet files or globs of steps, with at least group_id, traj_id, step, state_key,
+    next_state_key, reward, done and truncated; each file is one batch."""
     out: str | None = None
     """Where to write the advantages table (with input)."""
     store: str | None = None

@@ -1,9 +1,9 @@
-"""Shared CLI plumbing for every layer: help text from config docstrings and one-line user errors."""
+"""Shared CLI plumbing for every layer: help text from config docstrings and one-line user errors
+(the options generated from a whole config model are in schemas/cli_models.py)."""
 
 from __future__ import annotations
 
 import sys
-import typing
 
 import click
 from pydantic import BaseModel
@@ -21,13 +21,14 @@ def field_help(model: type[BaseModel], name: str) -> str:
     return text
 
 
-def field_choices(model: type[BaseModel], name: str) -> click.Choice:
-    """The values of a config field typed `Literal[...]`, as a click choice: a CLI lists
-    its choices from the config model, never a second time."""
-    annotation = model.model_fields[name].annotation
-    if typing.get_origin(annotation) is not typing.Literal:
-        raise TypeError(f"{model.__name__}.{name} is not a Literal field")
-    return click.Choice([str(value) for value in typing.get_args(annotation)])
+def config_option(table: str):
+    """`--config FILE`: the command's settings from a TOML file (its `table`, or the top
+    level), under `--set` and the flags; the path arrives as `config_file`."""
+    return click.option(
+        "--config", "config_file", type=click.Path(dir_okay=False),
+        help=f"TOML file with these settings (its [{table}] table, or the top level); --set "
+        "and the flags override it.",
+    )  # fmt: skip
 
 
 def ray_option(help: str):

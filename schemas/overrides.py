@@ -41,14 +41,14 @@ def parse_value(raw: str) -> Any:
         return raw
 
 
-def _models(annotation: Any) -> list[type[BaseModel]] | None:
+def nested_models(annotation: Any) -> list[type[BaseModel]] | None:
     """The config models a field holds (several for a union such as the estimator), or
     None for a free-form table (dict); [] for a plain value."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _models(typing.get_args(annotation)[0])
+        return nested_models(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        found = [_models(arg) for arg in typing.get_args(annotation) if arg is not type(None)]
+        found = [nested_models(arg) for arg in typing.get_args(annotation) if arg is not type(None)]
         if any(f is None for f in found):
             return None
         return [m for f in found for m in f]
@@ -62,7 +62,7 @@ def _models(annotation: Any) -> list[type[BaseModel]] | None:
 def check_path(model: Any, key: str) -> None:
     """Raise a one-line GagpoError unless `key` names a field of `model` (a config model, or a
     union of them such as the estimator configs), nested by dots."""
-    models = _models(model)
+    models = nested_models(model)
     walked: list[str] = []
     for part in key.split("."):
         if models is None:  # inside a free-form table: any key
@@ -80,7 +80,7 @@ def check_path(model: Any, key: str) -> None:
                 f"{', '.join(sorted(fields))}"
             )
         walked.append(part)
-        models = _models(fields[part].annotation)
+        models = nested_models(fields[part].annotation)
 
 
 def parse_sets(items: Iterable[str], model: Any, section: str | None = None) -> dict[str, Any]:
