@@ -30,9 +30,7 @@ part in the gather, rank 0 alone writes, and every rank reads the files back.
 from __future__ import annotations
 
 import json
-import posixpath
 import random
-import re
 import tempfile
 import time
 import uuid
@@ -46,26 +44,17 @@ from safetensors.torch import load_file, save_file
 from gagpo.learner.dist import full_optimizer_state, is_sharded, load_full_state, tied_weights
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import acquire, check_lease
-from gagpo.learner.metrics import METRICS
-from gagpo.learner.publish import (
-    LINEAGE_FILE,
-    is_complete,
-    publish_version,
-    put_folder,
-    remove_folder,
-)
+from gagpo.learner.publish import is_complete, publish_version, put_folder, remove_folder
+from gagpo.schemas import layout
 from gagpo.schemas.archive import archived_ledger
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import LEARNER, Store, parquet_table
-
-CHECKPOINTS = "checkpoints"
-_STATE_DIR = re.compile(r"^v(\d+)$")
-_TRAINABLE = "trainable.safetensors"
+from gagpo.schemas.layout import STATE_LEDGER, STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
+from gagpo.schemas.store import Store, parquet_table
 
 
 def checkpoint_dir(store: Store, version: int) -> str:
     """The training state of published version `version`."""
-    return store.path(LEARNER, CHECKPOINTS, f"v{version}")
+    return layout.checkpoint_dir(store.root, version)
 
 
 def rng_state() -> dict:
@@ -117,15 +106,15 @@ def save_state(store: Store, parent: Head, child: Head, model, optimizer, schedu
             trained = {
                 n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad
             }
-            save_file(trained, str(folder / _TRAINABLE))
+            save_file(trained, str(folder / STATE_TRAINABLE))
         trainer = {
             "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(),
         }
-        torch.save(trainer, folder / "trainer.pt")
-        pq.write_table(ledger.tail_table(), folder / "ledger.parquet")
-        (folder / "state.json").write_text(json.dumps(child.record(parent)))
+        torch.save(trainer, folder / STATE_TRAINER)
+        pq.write_table(ledger.tail_table(), folder / STATE_LEDGER)
+        (folder / STATE_RECORD).write_text(json.dumps(child.record(parent)))
         put_folder(store, folder, checkpoint_dir(store, child.version), phase="checkpoint")
 
 
@@ -143,9 +132,9 @@ def commit_version(store: Store, parent: Head, child: Head, model, optimizer, sc
 def state_versions(store: Store) -> list[int]:
     """Versions with a training-state folder, complete or not, ascending."""
     versions = []
-    for path in store.glob(store.path(LEARNER, CHECKPOINTS, "v*")):
-        if match := _STATE_DIR.match(posixpath.basename(path.rstrip("/"))):
-            versions.append(int(match.group(1)))
+    for path in store.glob(layout.checkpoint_dir(store.root, "*")):
+        if (version := layout.parse_checkpoint_dir(path)) is not None:
+            versions.append(version)
     return sorted(versions)
 
 
@@ -159,8 +148,8 @@ def prune_states(store: Store, keep: int) -> None:
 
 # --- starting: fresh or --resume -----------------------------------------------------
 def has_learner_state(store: Store) -> bool:
-    return store.exists(store.path(LEARNER, CHECKPOINTS)) or store.exists(
-        store.path(LEARNER, "ledger.parquet")
+    return store.exists(layout.checkpoints_dir(store.root)) or store.exists(
+        layout.ledger(store.root)
     )
 
 
@@ -176,7 +165,7 @@ def _own_id(record: dict, version: int) -> str | None:
 
 
 def read_lineage(store: Store, version: int) -> dict:
-    path = posixpath.join(store.policy_dir(version), LINEAGE_FILE)
+    path = layout.lineage(store.root, version)
     try:
         return json.loads(store.read_bytes(path))
     except FileNotFoundError:
@@ -234,21 +223,21 @@ def _restore(store: Store, version: int, model, optimizer, scheduler) -> tuple[H
             folder = str(Path(cache) / f"v{version}")
             store.download(remote, folder)
         folder = Path(folder)
-        state = json.loads((folder / "state.json").read_text())
+        state = json.loads((folder / STATE_RECORD).read_text())
         published = read_lineage(store, version)
         if published.get("id") != state["id"]:
             raise GagpoError(
                 f"policy v{version} (lineage id {published.get('id')}) is not the version whose "
                 f"state is in {remote} (id {state['id']}); the store was altered"
             )
-        if (folder / _TRAINABLE).exists():
-            weights = load_file(str(folder / _TRAINABLE))
+        if (folder / STATE_TRAINABLE).exists():
+            weights = load_file(str(folder / STATE_TRAINABLE))
         else:
             weights = _published_weights(store, version, cache)
-        trainer = torch.load(folder / "trainer.pt", weights_only=True)
+        trainer = torch.load(folder / STATE_TRAINER, weights_only=True)
         restore(model, optimizer, scheduler, weights, trainer, where=remote)
         # the tail as it stood after this update; the archive holds the compacted rows
-        tail = parquet_table((folder / "ledger.parquet").read_bytes())
+        tail = parquet_table((folder / STATE_LEDGER).read_bytes())
         ledger = Ledger(tail, archived_ledger(store))
     return Head(state["update"], version, state["id"]), ledger
 
@@ -305,11 +294,9 @@ def rekey_optimizer_state(state: dict, names: list[str], *, by_name: bool) -> di
 def _forget_after(store: Store, head: Head, ledger: Ledger) -> None:
     """Undo what a killed, unpublished update left: its ledger rows, metrics and state."""
     ledger.commit(store)
-    for path in store.glob(store.path(LEARNER, METRICS, "*.parquet")):
-        name = path.rsplit("/", 1)[-1]
-        if name.startswith("."):  # a temporary file of a killed write: the sweep's
-            continue
-        if int(name.split(".")[0]) > head.update:
+    for path in store.glob(layout.metrics(store.root, "*")):
+        update = layout.parse_metrics(path)  # None: a killed write's temporary, the sweep's
+        if update is not None and update > head.update:
             store.remove(path)
     for v in state_versions(store):
         if v > head.version:

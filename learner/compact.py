@@ -135,13 +135,13 @@ def published_update(store: Store) -> int:
     """The learner update that made LATEST's version (0: nothing published but v0)."""
     import json
 
-    from gagpo.learner.publish import LINEAGE_FILE
+    from gagpo.schemas import layout
 
     latest = store.latest_version()
     if not latest:
         return 0
     try:  # learner/checkpoint.py's record, read without importing torch
-        lineage = json.loads(store.read_bytes(f"{store.policy_dir(latest)}/{LINEAGE_FILE}"))
+        lineage = json.loads(store.read_bytes(layout.lineage(store.root, latest)))
     except FileNotFoundError:
         lineage = {}
     return int(lineage.get("update", latest))

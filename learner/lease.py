@@ -34,17 +34,16 @@ import atexit
 import json
 import logging
 import os
-import posixpath
 import socket
 import threading
 import time
 import uuid
 
+from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.retry import describe, env_seconds, retrying
-from gagpo.schemas.store import LEARNER, Store
+from gagpo.schemas.store import Store
 
-LEASE_DIR = "lease"
 LEASE_TTL_S = 60.0
 LEASE_TTL_ENV = "GAGPO_LEASE_TTL_S"
 log = logging.getLogger("gagpo.lease")
@@ -59,22 +58,17 @@ def lease_ttl() -> float:
     return env_seconds(LEASE_TTL_ENV, LEASE_TTL_S, allow_zero=False)
 
 
-def _generation_path(store: Store, generation: int) -> str:
-    return store.path(LEARNER, LEASE_DIR, f"{generation:08d}.json")
-
-
 def newest(store: Store) -> tuple[int, dict | None]:
     """The newest lease generation and its record (0 and None before the first lease)."""
     generations = []
-    for path in store.glob(store.path(LEARNER, LEASE_DIR, "*.json")):
-        stem = posixpath.basename(path)[: -len(".json")]
-        if stem.isdigit():
-            generations.append(int(stem))
+    for path in store.glob(layout.lease(store.root, "*")):
+        if (found := layout.parse_lease(path)) is not None:
+            generations.append(found)
     if not generations:
         return 0, None
     generation = max(generations)
     try:
-        raw = store.read_bytes(_generation_path(store, generation))
+        raw = store.read_bytes(layout.lease(store.root, generation))
         return generation, json.loads(raw)
     except (FileNotFoundError, ValueError):  # being written, or not ours: take it as held
         return generation, {"token": f"unreadable-{generation}", "renewed_at": None}
@@ -101,7 +95,7 @@ class Lease:
     def __init__(self, store: Store, generation: int, ttl_s: float) -> None:
         self.store, self.generation, self.ttl_s = store, generation, ttl_s
         self.token = uuid.uuid4().hex
-        self.path = _generation_path(store, generation)
+        self.path = layout.lease(store.root, generation)
         self.acquired_at = time.time()
         self._renewed = time.monotonic()  # last successful renewal, this process's clock
         self._lost: str | None = None
@@ -242,9 +236,9 @@ def _held_error(store: Store, record: dict, ttl: float) -> GagpoError:
 
 def _prune(store: Store, generation: int) -> None:
     """Remove generations older than the previous one (best effort: housekeeping)."""
-    for path in store.glob(store.path(LEARNER, LEASE_DIR, "*.json")):
-        stem = posixpath.basename(path)[: -len(".json")]
-        if stem.isdigit() and int(stem) < generation - 1:
+    for path in store.glob(layout.lease(store.root, "*")):
+        old = layout.parse_lease(path)
+        if old is not None and old < generation - 1:
             try:
                 store.remove(path)
             except Exception:  # a later learner prunes it

@@ -3,9 +3,10 @@ it wait for data or a base policy that will never come (issue 14, "no hangs").""
 
 from __future__ import annotations
 
+from gagpo.schemas import layout
 from gagpo.schemas.config import POLICY_PRESETS
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import LEARNER, POLICY, SHARDS, Store
+from gagpo.schemas.store import Store
 
 
 def check_policy_name(spec: str) -> None:
@@ -26,7 +27,7 @@ def check_start(cfg) -> None:
     if cfg.resume:
         store = Store(cfg.store)
         if not store.fs.exists(store.root) or not any(
-            store.fs.exists(store.path(part)) for part in (SHARDS, POLICY, LEARNER)
+            store.fs.exists(folder) for folder in layout.data_folders(store.root)
         ):
             raise GagpoError(
                 f"--resume: store {cfg.store!r} is missing or empty, nothing to resume; accepted: "

@@ -27,11 +27,12 @@ from pathlib import Path
 
 from gagpo.learner.faults import fault_point
 from gagpo.learner.lease import check_lease
+from gagpo.schemas import layout
+from gagpo.schemas.layout import LINEAGE
 from gagpo.schemas.retry import StoreFullError
-from gagpo.schemas.store import COMPLETE, Store
+from gagpo.schemas.store import Store
 from gagpo.schemas.versions import complete_versions, version_folders
 
-LINEAGE_FILE = "lineage.json"  # version, parent, update, ids: see checkpoint.py
 # Files of a model folder that describe weights; everything else (tokenizer, chat
 # template, ...) is copied from the base folder into every version.
 _WEIGHT_FILES = re.compile(r"(\.safetensors|\.bin|\.gguf|\.pt|\.pth|\.index\.json)$|^config\.json$")
@@ -49,26 +50,26 @@ def put_folder(store: Store, local_dir: str | Path, remote_dir: str, *, phase: s
         store.make_readable(remote_dir)  # 0644/0755: actors may run as other users
         fault_point(phase)
         marker = {"completed_at": time.time(), "files": sorted(os.listdir(local_dir))}
-        store.commit_bytes(posixpath.join(remote_dir, COMPLETE), json.dumps(marker).encode())
+        store.commit_bytes(layout.complete(remote_dir), json.dumps(marker).encode())
     except StoreFullError:
         store.remove(remote_dir, recursive=True)
         raise
-    store.make_readable(posixpath.join(remote_dir, COMPLETE))
+    store.make_readable(layout.complete(remote_dir))
 
 
 def is_complete(store: Store, remote_dir: str) -> bool:
-    return store.exists(posixpath.join(remote_dir, COMPLETE))
+    return store.exists(layout.complete(remote_dir))
 
 
 def remove_folder(store: Store, remote_dir: str) -> None:
     """Unmark first, then delete: a folder is never complete-but-partial."""
-    store.remove(posixpath.join(remote_dir, COMPLETE))
+    store.remove(layout.complete(remote_dir))
     store.remove(remote_dir, recursive=True)
 
 
 def copy_tokenizer_files(base_dir: Path, dest: Path) -> None:
     for path in sorted(Path(base_dir).iterdir()):
-        if path.name == LINEAGE_FILE:  # a base folder that was once a published version
+        if path.name == LINEAGE:  # a base folder that was once a published version
             continue
         if path.is_file() and not path.name.startswith(".") and not _WEIGHT_FILES.search(path.name):
             shutil.copy2(path, dest / path.name)
@@ -125,7 +126,7 @@ def publish_version(
         else:
             model.save_pretrained(folder, state_dict=state)  # None: the model's own
         if lineage is not None:
-            (folder / LINEAGE_FILE).write_text(json.dumps(lineage))
+            (folder / LINEAGE).write_text(json.dumps(lineage))
         put_folder(store, folder, remote, phase="publish")
     check_lease(store)  # a learner that lost the store's lease never moves LATEST
     store.set_latest(version)

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
+from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
@@ -126,7 +127,7 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
 
 def default_log_dir(store_root: str, is_local: bool) -> Path:
     """STORE/learner/tensorboard/ beside the metrics on a local store, else ./gagpo-runs/."""
-    return Path(store_root) / "learner" / "tensorboard" if is_local else Path("gagpo-runs")
+    return Path(layout.tensorboard_dir(store_root)) if is_local else Path("gagpo-runs")
 
 
 def open_sinks(

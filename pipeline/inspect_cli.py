@@ -211,12 +211,13 @@ def report_command(
 def _check_store_holds_data(url: str) -> None:
     """A report of a folder that does not exist, or holds none of a store's folders, would
     be empty figures: one line instead."""
+    from gagpo.schemas import layout
     from gagpo.schemas.store import LEARNER, POLICY, SHARDS, Store
 
     store = Store(url)
     if not store.exists(store.root):
         raise GagpoError(f"store {url!r} does not exist; accepted: an existing store root")
-    if not any(store.exists(store.path(part)) for part in (SHARDS, POLICY, LEARNER)):
+    if not any(store.exists(folder) for folder in layout.data_folders(store.root)):
         raise GagpoError(
             f"store {url!r} holds no GAGPO data (no {SHARDS}/, {POLICY}/ or {LEARNER}/); "
             "accepted: a store written by gagpo-actors or gagpo-learner"

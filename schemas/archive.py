@@ -48,17 +48,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
+from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import ADVANTAGES, LEARNER, LEDGER, ShardRef, Store, parquet_table
+from gagpo.schemas.layout import (  # noqa: F401  (names importers take from here)
+    ARCHIVE,
+    CLEARED_SUFFIX,
+    LEDGER_PARTS,
+    MANIFESTS,
+    MOVED_SUFFIX,
+    SEGMENTS,
+)
+from gagpo.schemas.store import ShardRef, Store, parquet_table
 
-ARCHIVE = "archive"
-MANIFESTS = "manifest"
-SEGMENTS = "segments"
-LEDGER_PARTS = "ledger"
 MANIFEST_FORMAT = 2  # 1: the moved shard ids inline (read, never written)
 READABLE_FORMATS = (1, 2)
-MOVED_SUFFIX = ".moved.json"
-CLEARED_SUFFIX = ".cleared"
 # Older generations kept beside the newest (a reader that listed one just before a prune
 # still finds it); the archive needs only the newest.
 KEEP_MANIFESTS = 8
@@ -163,30 +166,29 @@ def moved_json(shard_ids: list[str]) -> bytes:
     return json.dumps({"shards": sorted(shard_ids)}).encode()
 
 
-# --- layout -------------------------------------------------------------------------
+# --- layout (schemas/layout.py names the files) ---------------------------------------
 def manifest_path(store: Store, generation: int) -> str:
-    return store.path(ARCHIVE, MANIFESTS, f"{generation:010d}.json")
+    return layout.manifest(store.root, generation)
 
 
 def segment_path(store: Store, segment_id: str) -> str:
-    return store.path(ARCHIVE, SEGMENTS, f"{segment_id}.parquet")
+    return layout.segment(store.root, segment_id)
 
 
 def ledger_part_path(store: Store, segment_id: str) -> str:
-    return store.path(ARCHIVE, LEDGER_PARTS, f"{segment_id}.parquet")
+    return layout.ledger_part(store.root, segment_id)
 
 
 def moved_path(store: Store, name: str) -> str:
     """The moved-shards sidecar `name` (`<generation>-<id>.moved.json`)."""
-    return store.path(ARCHIVE, MANIFESTS, name)
+    return layout.moved(store.root, name)
 
 
-def moved_name(generation: int, unique: str) -> str:
-    return f"{generation:010d}-{unique}{MOVED_SUFFIX}"
+moved_name = layout.moved_name
 
 
 def cleared_path(store: Store, generation: int) -> str:
-    return store.path(ARCHIVE, MANIFESTS, f"{generation:010d}{CLEARED_SUFFIX}")
+    return layout.cleared(store.root, generation)
 
 
 @dataclass(frozen=True)
@@ -201,15 +203,14 @@ class ManifestFolder:
 
 def manifest_folder(store: Store) -> ManifestFolder:
     generations, cleared, moved = [], set(), {}
-    for path in store.glob(store.path(ARCHIVE, MANIFESTS, "*")):
-        name = posixpath.basename(path)
-        head = name.split(".", 1)[0]
-        if name.endswith(MOVED_SUFFIX) and head.split("-", 1)[0].isdigit():
-            moved.setdefault(int(head.split("-", 1)[0]), []).append(name)
-        elif name.endswith(CLEARED_SUFFIX) and head.isdigit():
-            cleared.add(int(head))
-        elif name == f"{head}.json" and head.isdigit():
-            generations.append(int(head))
+    for path in store.glob(layout.join(layout.manifests_dir(store.root), "*")):
+        kind, generation = layout.parse_manifest_folder(path) or ("", 0)
+        if kind == "moved":
+            moved.setdefault(generation, []).append(posixpath.basename(path))
+        elif kind == "cleared":
+            cleared.add(generation)
+        elif kind == "manifest":
+            generations.append(generation)
     return ManifestFolder(sorted(generations), cleared, moved)
 
 
@@ -368,7 +369,7 @@ def _empty(columns: list[str] | None) -> pa.Table:
 
 # --- the ledger, archive and tail ------------------------------------------------------
 def tail_ledger_path(store: Store) -> str:
-    return store.path(LEARNER, LEDGER)
+    return layout.ledger(store.root)
 
 
 def archived_ledger(store: Store, manifest: Manifest | None = None) -> pa.Table:
@@ -421,7 +422,7 @@ def groups_as_of(store: Store, update: int) -> pa.Table:
 def advantage_tags(store: Store) -> list[str]:
     """The tag folders under advantages/."""
     tags = []
-    for path in store.glob(store.path(ADVANTAGES, "*")):
+    for path in store.glob(layout.advantages_dir(store.root, "*")):
         name = posixpath.basename(path.rstrip("/"))
         if not name.startswith(".") and store.fs.isdir(path):
             tags.append(name)

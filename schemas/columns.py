@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from gagpo.schemas import layout
+
 # Schema version of the steps table, stored in every shard's file metadata.
 # Readers accept any minor version of a major version they know.
 STEPS_SCHEMA_VERSION = "1.1"
@@ -138,9 +140,10 @@ ADVANTAGES_COLUMNS = tuple(ADVANTAGES_SCHEMA.names)
 
 
 # --- learner metrics: STORE/learner/metrics/<update>.parquet, one row per update ------
-LEARNER_METRICS_DIR = "metrics"  # under learner/
 # learner/histograms.zarr/<name>: int64 [updates, bins], bin edges in attrs["edges"]
-LEARNER_HISTOGRAMS = "histograms.zarr"
+# (the names are schemas/layout.py's: layout.metrics, layout.histograms)
+LEARNER_METRICS_DIR = layout.METRICS
+LEARNER_HISTOGRAMS = layout.HISTOGRAMS
 _LEARNER_INT_METRICS = (
     "update", "version", "ratio_bounded", "skipped_steps", "masked_actions", "actions",
     "action_tokens", "tokens", "groups", "steps", "stale_groups", "stale_groups_total",

@@ -37,12 +37,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
+from gagpo.schemas import layout
 from gagpo.schemas.archive import (
-    ARCHIVE,
     KEEP_MANIFESTS,
-    LEDGER_PARTS,
-    MANIFESTS,
-    SEGMENTS,
     Manifest,
     Segment,
     advantage_tags,
@@ -60,7 +57,6 @@ from gagpo.schemas.archive import (
 from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.faults import fault_point
 from gagpo.schemas.store import (
-    ADVANTAGES,
     PARQUET_COMPRESSION,
     ShardRef,
     Store,
@@ -113,7 +109,7 @@ def recover(store: Store, manifest: Manifest | None = None) -> int:
         removed += _remove(store, [r.path for r in moved])
         store.commit_bytes(cleared_path(store, manifest.generation), b"")
     removed += _remove(store, _stray_moved(store, manifest))
-    segments, parts = _ids(store, SEGMENTS), _ids(store, LEDGER_PARTS)
+    segments, parts = _ids(store, layout.segment), _ids(store, layout.ledger_part)
     stray = sorted((segments | parts) - named)
     if stray:  # advantage tables and ledger parts first, the segment itself last
         removed += _remove_advantages(store, stray)
@@ -138,12 +134,14 @@ def _stray_moved(store: Store, manifest: Manifest | None) -> list[str]:
 
 
 def _temporaries(store: Store, stray: list[str]) -> list[str]:
-    found = [p for folder in (SEGMENTS, LEDGER_PARTS, MANIFESTS)
-             for p in store.glob(store.path(ARCHIVE, folder, ".tmp-*"))]  # fmt: skip
+    folders = (layout.segments_dir, layout.ledger_parts_dir, layout.manifests_dir)
+    found = [p for folder in folders
+             for p in store.glob(layout.join(folder(store.root), ".tmp-*"))]  # fmt: skip
     ends = tuple(f"-{i}.parquet" for i in stray)
     if ends:
         for tag in advantage_tags(store):
-            found += [p for p in store.glob(store.path(ADVANTAGES, tag, ".tmp-*")) if p.endswith(ends)]
+            pattern = layout.join(layout.advantages_dir(store.root, tag), ".tmp-*")
+            found += [p for p in store.glob(pattern) if p.endswith(ends)]
     return found
 
 
@@ -388,13 +386,14 @@ def _parquet_bytes(table: pa.Table, row_group_rows: int) -> bytes:
 
 
 # --- removal --------------------------------------------------------------------------
-def _ids(store: Store, folder: str) -> set[str]:
-    return _stems(store.glob(store.path(ARCHIVE, folder, "*.parquet")))
+def _ids(store: Store, path_of: Callable[[str, str], str]) -> set[str]:
+    """The ids of the committed files `path_of(root, id)` names (segments, ledger parts)."""
+    return _stems(store.glob(path_of(store.root, "*")))
 
 
 def _advantage_tables(store: Store) -> dict[str, set[str]]:
     """Per advantage tag, the ids (segment or shard) its committed tables are named by."""
-    return {tag: _stems(store.glob(store.path(ADVANTAGES, tag, "*.parquet")))
+    return {tag: _stems(store.glob(layout.advantages(store.root, tag, "*")))
             for tag in advantage_tags(store)}  # fmt: skip
 
 
@@ -427,17 +426,5 @@ def _remove(store: Store, paths: list[str]) -> int:
     """Delete `paths` (bulk where the backend has it), retried; missing ones are no error."""
     if not paths:
         return 0
-
-    def rm() -> None:
-        store.fs.invalidate_cache()
-        present = [p for p in paths if store.fs.exists(p)] if store.is_local else paths
-        if present:
-            try:
-                store.fs.rm(present)
-            except FileNotFoundError:
-                for path in present:
-                    if store.fs.exists(path):
-                        store.fs.rm_file(path)
-
-    store.retrying(f"removing {len(paths)} file(s) of a compaction", rm)
+    store.remove_files(paths, f"{len(paths)} file(s) of a compaction")
     return len(paths)

@@ -1,9 +1,6 @@
-"""The store: a root URL (local path or fsspec URL) with the layout of docs/design.md §3.
-
-    STORE/shards/run=<run_id>/<shard_id>.parquet     committed trajectory shards
-    STORE/advantages/<estimator_tag>/<shard_id>.parquet
-    STORE/policy/v<version>/   STORE/policy/LATEST
-    STORE/learner/             STORE/quarantine/
+"""The store's file layer: a root URL (local path or fsspec URL) that lists, reads and
+commits files, retries, and sweeps. What the files are called is schemas/layout.py's; the
+full layout is listed in docs/store.md ("Layout").
 
 Commit is atomic: on a local file system a file is written under a hidden temporary
 name in its final folder, fsynced and renamed; on object stores it becomes visible with
@@ -19,11 +16,13 @@ removed by the next writer into that folder once they are older than `temp_max_a
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import json
 import math
 import os
 import posixpath
+import re
 import shutil
 import time
 import uuid
@@ -36,10 +35,26 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import glob_translate
 
 from gagpo.schemas import columns as C
+from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.faults import fault_point
+from gagpo.schemas.files import TEMP_PREFIX as _TEMP_PREFIX  # one temporary name
+from gagpo.schemas.files import temporary_beside as _temporary_beside
+from gagpo.schemas.layout import (  # noqa: F401  (names some modules still import from here)
+    ADVANTAGES,
+    COMPLETE,
+    EVAL,
+    HELDOUT,
+    LATEST,
+    LEARNER,
+    LEDGER,
+    POLICY,
+    QUARANTINE,
+    SHARDS,
+)
 from gagpo.schemas.retry import (
     StoreFullError,
     default_bound_s,
@@ -51,18 +66,7 @@ from gagpo.schemas.retry import (
 )
 from gagpo.schemas.validate import validate_steps
 
-SHARDS = "shards"
-ADVANTAGES = "advantages"
-POLICY = "policy"
-LEARNER = "learner"
-EVAL = "eval"
-HELDOUT = "heldout.parquet"  # eval/heldout.parquet: held-out success per version (C.HELDOUT_SCHEMA)
-LEDGER = "ledger.parquet"  # learner/ledger.parquet: one row per group consumed (learner/feed.py)
-QUARANTINE = "quarantine"
-LATEST = "LATEST"
-COMPLETE = ".complete"  # marker committed last into a folder written file by file
 PARQUET_COMPRESSION = "zstd"
-_TEMP_PREFIX = ".tmp-"
 # A temporary file untouched this long belongs to a killed writer: a live one writes it in
 # seconds and renames it at once. $GAGPO_TEMP_MAX_AGE_S overrides the default.
 TEMP_MAX_AGE_S = 3600.0
@@ -175,11 +179,13 @@ class Store:
         return f"{free / 2**20:.1f} MiB free"
 
     def glob(self, pattern: str) -> list[str]:
-        """Paths matching `pattern`, listed afresh (never from a directory cache), retried."""
+        """Paths matching `pattern`, listed afresh (never from a directory cache), retried.
+        The store's root in `pattern` is a path, not a pattern: a root holding `[`, `]`, `*`
+        or `?` names itself (`_glob_below`)."""
 
         def listing() -> list[str]:
             self.fs.invalidate_cache()
-            return self.fs.glob(pattern)
+            return _glob_below(self.fs, self.root, pattern)
 
         return self.retrying(f"listing {pattern}", listing)
 
@@ -210,11 +216,42 @@ class Store:
             self.fs.invalidate_cache()
             with contextlib.suppress(FileNotFoundError):
                 if recursive and self.fs.isdir(path):
-                    self.fs.rm(path, recursive=True)
+                    self._rm_literal([path], recursive=True)
                 else:
                     self.fs.rm_file(path)
 
         self.retrying(f"removing {path}", rm)
+
+    def remove_files(self, paths: list[str], what: str) -> None:
+        """Delete the files `paths` (one bulk request where the backend has it), retried;
+        files that are not there (any more) are no error. `what`: for the retry line."""
+
+        def rm() -> None:
+            self.fs.invalidate_cache()
+            present = [p for p in paths if self.fs.exists(p)] if self.is_local else paths
+            if not present:
+                return
+            try:
+                self._rm_literal(present)
+            except FileNotFoundError:
+                for path in present:
+                    if self.fs.exists(path):
+                        self.fs.rm_file(path)
+
+        self.retrying(f"removing {what}", rm)
+
+    def _rm_literal(self, paths: list[str], *, recursive: bool = False) -> None:
+        """fs.rm of `paths` taken as paths. fsspec's rm expands its arguments as glob
+        patterns on every backend but the local one, so a path holding `[`, `*` or `?` (a
+        store root such as runs/glob[1]) would name nothing, or another store's files:
+        such paths are found literally and removed one request each."""
+        if self.is_local or not any(glob.has_magic(p) for p in paths):
+            self.fs.rm(paths, recursive=recursive)
+            return
+        for path in paths:
+            found = self.fs.find(path) if recursive and self.fs.isdir(path) else [path]
+            for file in found:
+                self.fs.rm_file(file)
 
     def makedirs(self, path: str) -> None:
         """Create folder `path` and its parents (object stores: nothing to create), retried."""
@@ -224,7 +261,7 @@ class Store:
         """Copy folder `remote_dir` of the store to `local_dir`, retried."""
         self.retrying(
             f"downloading {remote_dir}",
-            lambda: self.fs.get(remote_dir.rstrip("/") + "/", local_dir, recursive=True),
+            lambda: self.fs.get(_escaped(remote_dir.rstrip("/")) + "/", local_dir, recursive=True),
         )
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
@@ -283,18 +320,20 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
 
-    # --- layout ---------------------------------------------------------------------
+    # --- names (schemas/layout.py) ----------------------------------------------------
     def path(self, *parts: str) -> str:
-        return posixpath.join(self.root, *parts)
+        """`parts` joined under the root. Modules name store files through schemas/layout.py
+        (tests/test_layout_owner.py); this is for tests and ad-hoc tools."""
+        return layout.join(self.root, *parts)
 
     def shard_path(self, run_id: str, shard_id: str) -> str:
-        return self.path(SHARDS, f"run={run_id}", f"{shard_id}.parquet")
+        return layout.shard(self.root, run_id, shard_id)
 
-    def advantages_path(self, tag: str, shard_id: str) -> str:
-        return self.path(ADVANTAGES, tag, f"{shard_id}.parquet")
+    def advantages_path(self, tag: str, file_id: str) -> str:
+        return layout.advantages(self.root, tag, file_id)
 
     def policy_dir(self, version: int) -> str:
-        return self.path(POLICY, f"v{version}")
+        return layout.policy_dir(self.root, version)
 
     # --- writing --------------------------------------------------------------------
     def ensure_writable(self) -> None:
@@ -366,7 +405,7 @@ class Store:
             if not name.startswith(_TEMP_PREFIX) or _mtime(entry) > cutoff:
                 continue
             with contextlib.suppress(OSError):  # swept by another writer first, not ours
-                self.fs.rm(entry["name"], recursive=entry.get("type") == "directory")
+                self._rm_literal([entry["name"]], recursive=entry.get("type") == "directory")
                 removed.append(entry["name"])
         return removed
 
@@ -375,7 +414,7 @@ class Store:
         the age bound: a listing now and then, not per commit. A killed actor's run folder
         gets no further writer (a restart starts a new run), so a shard writer sweeps
         every run folder under shards/."""
-        shards = self.path(SHARDS)
+        shards = layout.shards_dir(self.root)
         key = shards if posixpath.dirname(folder) == shards else folder
         now = time.monotonic()
         if now - self._swept.get(key, -math.inf) < self.temp_max_age_s / 4:
@@ -420,14 +459,10 @@ class Store:
     def list_shards(self, run_id: str | None = None) -> list[ShardRef]:
         """Committed shards, oldest id first, as the store holds them now (never a cached
         listing); temporary files are never listed."""
-        pattern = self.shard_path(run_id or "*", "*")
         refs = []
-        for path in self.glob(pattern):
-            name = posixpath.basename(path)
-            run_dir = posixpath.basename(posixpath.dirname(path))
-            if name.startswith(".") or not run_dir.startswith("run="):
-                continue
-            refs.append(ShardRef(path, run_dir[len("run=") :], name[: -len(".parquet")]))
+        for path in self.glob(layout.shard(self.root, run_id or "*", "*")):
+            if parts := layout.parse_shard(path):
+                refs.append(ShardRef(path, *parts))
         return sorted(refs, key=lambda ref: (ref.shard_id, ref.run_id))
 
     def read_table(self, path: str, columns: list[str] | None = None) -> pa.Table:
@@ -469,31 +504,39 @@ class Store:
     def quarantine(self, path: str, reason: str) -> str:
         """Move a bad file to quarantine/ with a reason file beside it; return its new path.
         A file another process moved first is left to it."""
-        relative = posixpath.relpath(path, self.root).replace("/", "__")
-        dest = self.path(QUARANTINE, relative)
-        folder = self.path(QUARANTINE)
+        dest = layout.quarantined(self.root, path)
+        folder = layout.quarantine_dir(self.root)
         self.retrying(f"creating {folder}", lambda: self.fs.makedirs(folder, exist_ok=True))
         note = {
             "original_path": path,
             "reason": reason,
             "quarantined_at": datetime.now(UTC).isoformat(),
         }
-        self.commit_bytes(dest + ".reason.json", json.dumps(note, indent=2).encode())
+        self.commit_bytes(layout.reason(dest), json.dumps(note, indent=2).encode())
         with contextlib.suppress(FileNotFoundError):
-            self.retrying(f"moving {path} to quarantine/", lambda: self.fs.mv(path, dest))
+            self.retrying(f"moving {path} to quarantine/", lambda: self._move(path, dest))
         return dest
+
+    def _move(self, path: str, dest: str) -> None:
+        """Move file `path` to `dest`: a rename locally; a copy, then a removal, elsewhere
+        (fsspec's mv would expand a path holding `[`, `*` or `?` as a glob pattern)."""
+        if self.is_local:
+            self.fs.mv(path, dest)
+            return
+        self.fs.cp_file(path, dest)
+        self.fs.rm_file(path)
 
     def quarantined(self) -> list[dict]:
         """Reason records of every quarantined file."""
         out = []
-        for path in sorted(self.glob(self.path(QUARANTINE, "*.reason.json"))):
+        for path in sorted(self.glob(layout.reasons(self.root))):
             out.append(json.loads(self.read_bytes(path)))
         return out
 
     # --- policy versions ------------------------------------------------------------
     def latest_version(self) -> int | None:
         """The newest complete policy version, or None before the first publication."""
-        path = self.path(POLICY, LATEST)
+        path = layout.latest(self.root)
         try:
             raw = self.read_bytes(path)
         except FileNotFoundError:
@@ -508,11 +551,11 @@ class Store:
 
     def set_latest(self, version: int) -> None:
         """Point LATEST at `version`; call only once that version is complete."""
-        self.commit_bytes(self.path(POLICY, LATEST), f"{version}\n".encode())
+        self.commit_bytes(layout.latest(self.root), f"{version}\n".encode())
 
     def has_policy(self, version: int) -> bool:
         """Whether policy `version` is completely written (its `.complete` marker exists)."""
-        return self.exists(posixpath.join(self.policy_dir(version), COMPLETE))
+        return self.exists(layout.complete(self.policy_dir(version)))
 
     def publish_base_policy(self, local_dir: str) -> str:
         """Publish the base model folder as policy/v0, once; safe when actors race.
@@ -531,14 +574,15 @@ class Store:
                 dest = posixpath.join(remote, name)
                 upload = partial(self.fs.put_file, os.path.join(local_dir, name), dest)
                 self.retrying(f"uploading {dest}", upload)
-            self.commit_bytes(posixpath.join(remote, COMPLETE), marker)
+            self.commit_bytes(layout.complete(remote), marker)
             return remote
-        staging = self.path(POLICY, f"{_TEMP_PREFIX}v0-{uuid.uuid4().hex}")
-        os.makedirs(self.path(POLICY), exist_ok=True)
-        self.sweep_temporaries(self.path(POLICY))  # staging folders of killed actors
+        policies = layout.policy_root(self.root)
+        staging = posixpath.join(policies, f"{_TEMP_PREFIX}v0-{uuid.uuid4().hex}")
+        os.makedirs(policies, exist_ok=True)
+        self.sweep_temporaries(policies)  # staging folders of killed actors
         try:
             shutil.copytree(local_dir, staging, ignore=shutil.ignore_patterns(".*"))
-            with open(os.path.join(staging, COMPLETE), "wb") as handle:
+            with open(layout.complete(staging), "wb") as handle:
                 handle.write(marker)
             self.make_readable(staging)
         except BaseException as exc:  # a full disk, a kill: no staging folder left behind
@@ -571,13 +615,13 @@ class Store:
         if self.is_local:
             return remote
         local = os.path.join(cache_dir, _safe_name(self.url), f"v{version}")
-        if not os.path.exists(os.path.join(local, ".complete")):
+        if not os.path.exists(layout.complete(local)):
             staging = f"{local}.{uuid.uuid4().hex}.partial"
             self.retrying(
                 f"downloading {remote}",
-                lambda: self.fs.get(remote.rstrip("/") + "/", staging, recursive=True),
+                lambda: self.fs.get(_escaped(remote.rstrip("/")) + "/", staging, recursive=True),
             )
-            open(os.path.join(staging, ".complete"), "w").close()
+            open(layout.complete(staging), "w").close()
             os.makedirs(os.path.dirname(local), exist_ok=True)
             with contextlib.suppress(OSError):  # another process finished first
                 os.replace(staging, local)
@@ -595,6 +639,34 @@ def _open_fs(url: str, storage_options: dict) -> tuple[fsspec.AbstractFileSystem
         return fsspec.core.url_to_fs(url, **options)
     except TypeError:  # a backend that takes no listing-cache option: it has no such cache
         return fsspec.core.url_to_fs(url, **storage_options)
+
+
+def _escaped(path: str) -> str:
+    """`path` as a glob pattern that matches only itself (`[` → `[[]`, `*` → `[*]`, …), for
+    fsspec calls that expand their argument as a pattern (get, on every backend)."""
+    return glob.escape(path) if glob.has_magic(path) else path
+
+
+def _glob_below(fs: fsspec.AbstractFileSystem, root: str, pattern: str) -> list[str]:
+    """fsspec's glob of `pattern`, with `root`, where `pattern` starts, taken as a path.
+
+    fsspec reads every `[`, `*` and `?` of a pattern as a wildcard: a store at
+    runs/glob[1]store would list nothing (or runs/glob1store's files). A root holding one
+    is escaped (glob.escape: `[` → `[[]`) and the listing starts at the root, as it does for
+    any other store: fsspec would start at the folder above the first wildcard, listing
+    every sibling store. Other roots keep fsspec's own glob."""
+    prefix = root.rstrip("/") + "/"
+    if not glob.has_magic(root) or not pattern.startswith(prefix):
+        return fs.glob(pattern)
+    rest = pattern[len(prefix) :]
+    if not glob.has_magic(rest):
+        return [pattern] if fs.exists(pattern) else []
+    first = min(i for i in (rest.find(c) for c in "*?[") if i >= 0)
+    base = rest[: rest.rfind("/", 0, first) + 1]  # the literal folders before the first wildcard
+    depth = None if "**" in rest else rest[len(base) :].count("/") + 1
+    regex = re.compile(glob_translate(glob.escape(prefix) + rest))
+    found = fs.find(prefix + base, maxdepth=depth, withdirs=True)
+    return sorted(p for p in found if regex.match(p))
 
 
 def _temp_max_age() -> float:
@@ -628,13 +700,6 @@ def _fsync_dir(path: str) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _temporary_beside(path: str) -> str:
-    """A hidden temporary name in `path`'s folder: listings skip it, sweeps remove it."""
-    return posixpath.join(
-        posixpath.dirname(path), f"{_TEMP_PREFIX}{uuid.uuid4().hex}-{posixpath.basename(path)}"
-    )
 
 
 def _write_synced(path: str, data: bytes) -> None:

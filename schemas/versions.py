@@ -17,31 +17,25 @@ held-out evaluation and the `policy_versions` SQL view (docs/design.md §3):
 
 from __future__ import annotations
 
-import posixpath
-import re
-
-from gagpo.schemas.store import COMPLETE, POLICY, Store
-
-_VERSION_DIR = re.compile(r"^v(\d+)$")
+from gagpo.schemas import layout
+from gagpo.schemas.store import Store
 
 
 def version_folders(store: Store) -> list[int]:
     """Every version folder under policy/, complete or not, ascending."""
     versions = []
-    for path in store.glob(store.path(POLICY, "v*")):
-        match = _VERSION_DIR.match(posixpath.basename(path.rstrip("/")))
-        if match and store.retrying(f"checking {path}", lambda p=path: store.fs.isdir(p)):
-            versions.append(int(match.group(1)))
+    for path in store.glob(layout.policy_dir(store.root, "*")):
+        version = layout.parse_policy_dir(path)
+        if version is None:
+            continue
+        if store.retrying(f"checking {path}", lambda p=path: store.fs.isdir(p)):
+            versions.append(version)
     return sorted(versions)
 
 
 def complete_versions(store: Store) -> list[int]:
     """The versions whose folders are complete (loadable now), ascending."""
-    return [
-        v
-        for v in version_folders(store)
-        if store.exists(posixpath.join(store.policy_dir(v), COMPLETE))
-    ]
+    return [v for v in version_folders(store) if store.exists(layout.complete(store.policy_dir(v)))]
 
 
 def is_published(version: int, latest: int | None, stored: bool) -> bool:

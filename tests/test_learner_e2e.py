@@ -17,10 +17,10 @@ import zarr
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import TRAINED, Ledger
 from gagpo.learner.metrics import METRIC_COLUMNS, read_metrics
-from gagpo.learner.publish import COMPLETE
 from gagpo.learner.train import train
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.layout import COMPLETE
 from gagpo.schemas.store import Store
 from gagpo.schemas.versions import version_folders
 from tests.test_learner_support import (

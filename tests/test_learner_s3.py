@@ -5,8 +5,8 @@ from __future__ import annotations
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import Ledger
 from gagpo.learner.metrics import read_metrics
-from gagpo.learner.publish import COMPLETE
 from gagpo.learner.train import train
+from gagpo.schemas.layout import COMPLETE
 from gagpo.schemas.store import Store
 from tests.test_learner_support import (
     one_torch_thread,  # noqa: F401  (autouse fixture)

@@ -15,6 +15,7 @@ import pytest
 
 from gagpo.learner import lease as L
 from gagpo.learner.lease import LeaseLostError, acquire, check_lease, newest, release_lease
+from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
 from tests.test_learner_support import (
@@ -41,7 +42,7 @@ def _foreign(store: Store, generation: int, **fields) -> None:
     record = {"token": "other", "host": "elsewhere", "pid": 1, "renewed_at": time.time(),
               "ttl_s": TTL, "released": False, **fields}  # fmt: skip
     assert store.create_exclusive(
-        L._generation_path(store, generation), json.dumps(record).encode()
+        layout.lease(store.root, generation), json.dumps(record).encode()
     )
 
 

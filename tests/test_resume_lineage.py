@@ -19,10 +19,10 @@ from gagpo.learner.checkpoint import check_lineage, checkpoint_dir
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import Ledger
 from gagpo.learner.metrics import read_metrics
-from gagpo.learner.publish import COMPLETE, LINEAGE_FILE
 from gagpo.learner.train import train
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.layout import COMPLETE, LINEAGE
 from gagpo.schemas.store import Store
 from gagpo.schemas.versions import version_folders
 from tests.test_learner_support import (
@@ -108,10 +108,10 @@ def test_kill_mid_update_then_resume_continues_latest(straight, tmp_path):
     store = new_store(tmp_path / "store")
     kill_at(tmp_path / "store", "backward:8", tmp_path)
     assert store.latest_version() == 7
-    v7 = json.loads(store.fs.cat_file(f"{store.policy_dir(7)}/{LINEAGE_FILE}"))
+    v7 = json.loads(store.fs.cat_file(f"{store.policy_dir(7)}/{LINEAGE}"))
     resume(tmp_path / "store")
     assert_one_lineage(store)
-    v8 = json.loads(store.fs.cat_file(f"{store.policy_dir(8)}/{LINEAGE_FILE}"))
+    v8 = json.loads(store.fs.cat_file(f"{store.policy_dir(8)}/{LINEAGE}"))
     assert (v8["parent"], v8["parent_id"], v8["update"]) == (7, v7["id"], 8)
     # Bit-for-bit the uninterrupted lineage (restored optimiser, scheduler, RNG, ledger).
     a, b = parameters(store.policy_dir(UPDATES)), parameters(straight.policy_dir(UPDATES))

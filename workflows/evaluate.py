@@ -21,9 +21,10 @@ import pyarrow.compute as pc
 
 from gagpo.pipeline.intervals import change_line, wilson
 from gagpo.schemas import columns as C
+from gagpo.schemas import layout
 from gagpo.schemas.cache import policy_cache_dir
 from gagpo.schemas.config import ActorConfig
-from gagpo.schemas.store import EVAL, HELDOUT, Store
+from gagpo.schemas.store import Store
 
 
 def versions_to_evaluate(store: Store, every: int) -> list[int]:
@@ -83,7 +84,7 @@ def evaluate_run(store_url: str, actors: ActorConfig, *, groups: int, every: int
              f"success {rows[-1]['success_rate']:.1%}")  # fmt: skip
     meta = {b"gagpo.eval": f"groups={groups} group_size={actors.group_size} seed={seed}".encode()}
     store.write_parquet(
-        pa.Table.from_pylist(rows, schema=C.HELDOUT_SCHEMA), store.path(EVAL, HELDOUT), meta
+        pa.Table.from_pylist(rows, schema=C.HELDOUT_SCHEMA), layout.heldout(store.root), meta
     )
     return rows
 

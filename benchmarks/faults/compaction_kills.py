@@ -35,6 +35,7 @@ GAGPO = str(Path(sys.executable).with_name("gagpo"))
 
 def build(store_dir: Path, shards: int) -> None:
     from gagpo.schemas import columns as C
+    from gagpo.schemas import layout
     from gagpo.schemas.store import Store
     from tests.steps_factory import make_steps
 
@@ -51,7 +52,7 @@ def build(store_dir: Path, shards: int) -> None:
                              C.LEDGER_UPDATE: 1, C.LEDGER_LEARNER_VERSION: 0,
                              C.LEDGER_STATUS: "trained"})  # fmt: skip
     store.write_parquet(pa.Table.from_pylist(rows, schema=C.LEDGER_SCHEMA),
-                        store.path("learner", "ledger.parquet"), {})  # fmt: skip
+                        layout.ledger(store.root), {})  # fmt: skip
     from gagpo.pipeline.config import GagpoConfig
     from gagpo.pipeline.recompute import recompute_store
 
