@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gagpo.actors.envs import environment_names
+from gagpo.schemas import layout
 from gagpo.schemas.cli import config_option, run_cli, set_option
 from gagpo.schemas.cli_models import ModelOptions
 from gagpo.schemas.config import ActorConfig
@@ -74,7 +75,7 @@ def _print_summary(summary, store_url: str) -> None:
         f"throttled (waiting for the learner's backlog) {summary.seconds_throttled:.1f}s"
     )
     click.echo(
-        f"{len(summary.shards)} shard(s) written under {store_url.rstrip('/')}/shards/run={summary.run_id}/"
+        f"{len(summary.shards)} shard(s) written under {layout.run_dir(store_url.rstrip('/'), summary.run_id)}/"
     )
 
 

@@ -19,6 +19,7 @@ from gagpo.pipeline.config import (
     GigpoConfig,
     parse_estimator_config,
 )
+from gagpo.schemas import layout
 from gagpo.schemas.cli import config_option, ray_option, run_cli, set_option
 from gagpo.schemas.cli_models import ModelOptions
 from gagpo.schemas.errors import GagpoError
@@ -132,7 +133,7 @@ def advantages(omega, config_file, sets, quiet, workers, ray_address, **values) 
         click.echo(
             f"wrote {summary.shards} shard table(s)"
             + (f" ({summary.segments} of them archive segments)" if summary.segments else "")
-            + f", {summary.diagnostics.batch['steps']} steps, under {store.rstrip('/')}/advantages/"
+            + f", {summary.diagnostics.batch['steps']} steps, under {layout.advantages_dir(store.rstrip('/'))}/"
             f"{config.tag}{'' if as_of_update is None else f'@u{as_of_update}'}/"
         )
         if not quiet:

@@ -59,9 +59,10 @@ import pyarrow as pa
 from gagpo.pipeline import sql_sources as src
 from gagpo.pipeline.sql_views import VIEWS, view_statements
 from gagpo.schemas import columns as C
+from gagpo.schemas import layout
 from gagpo.schemas.archive import is_missing_file, step_files
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import EVAL, HELDOUT, Store
+from gagpo.schemas.store import Store
 
 # Same default as the advantage stage (docs/design.md §4); used only where no advantages exist.
 DEFAULT_GAMMA = 0.95
@@ -167,7 +168,7 @@ def open_store_db(
         "learner_histograms": src.learner_histograms_table(store),
         "heldout": src.parquet_source(
             filesystem,
-            src.readable(store, src.committed(store, store.path(EVAL, HELDOUT)), None, "heldout"),
+            src.readable(store, src.committed(store, layout.heldout(store.root)), None, "heldout"),
             C.HELDOUT_SCHEMA,
         ),
     }

@@ -17,9 +17,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
+from gagpo.schemas import layout
 from gagpo.schemas.archive import StepFiles, step_files
 from gagpo.schemas.retry import first_line
-from gagpo.schemas.store import ADVANTAGES, LEARNER, Store
+from gagpo.schemas.store import Store
 from gagpo.schemas.versions import complete_versions, is_published, version_folders
 
 ESTIMATOR = "estimator"
@@ -168,7 +169,7 @@ def _advantage_files(store: Store, files: StepFiles | None = None) -> list[str]:
     segments it no longer names (merged, or a killed compaction's) are left out, so each
     step has one row per tag."""
     files = step_files(store) if files is None else files
-    paths = committed(store, store.path(ADVANTAGES, "*", "*.parquet"))
+    paths = committed(store, layout.advantages(store.root, "*", "*"))
     if files.manifest is not None:
         alive = set(files.ids())
         paths = [p for p in paths if posixpath.basename(p)[: -len(".parquet")] in alive]
@@ -185,7 +186,7 @@ def advantages_source(store: Store, filesystem, files: StepFiles | None = None):
         _advantage_files(store, files),
         ADVANTAGES_VIEW_SCHEMA,
         partitioning=partitioning,
-        partition_base_dir=store.path(ADVANTAGES),
+        partition_base_dir=layout.advantages_dir(store.root),
     )
 
 
@@ -232,7 +233,7 @@ def policy_table(store: Store) -> pa.Table:
 def learner_metrics_source(store: Store, filesystem):
     """learner/metrics/*.parquet. A column a file lacks reads as NULL; the types of the
     newest file win where it has a column, and columns beyond the contract's pass through."""
-    paths = committed(store, store.path(LEARNER, C.LEARNER_METRICS_DIR, "*.parquet"))
+    paths = committed(store, layout.metrics(store.root, "*"))
     paths = readable(store, paths, None, "learner_metrics")
     schema = C.LEARNER_METRICS_SCHEMA
     if paths:
@@ -247,7 +248,7 @@ def learner_metrics_source(store: Store, filesystem):
 
 def learner_histograms_table(store: Store) -> pa.Table:
     """The learner's per-update histograms, read here (zarr) and handed over as rows."""
-    path = store.path(LEARNER, C.LEARNER_HISTOGRAMS)
+    path = layout.histograms(store.root)
     if not store.fs.exists(path):
         return LEARNER_HISTOGRAMS_SCHEMA.empty_table()
     from gagpo.schemas.extras import missing
@@ -267,7 +268,7 @@ def learner_histograms_table(store: Store) -> pa.Table:
     else:
         from zarr.storage import FsspecStore
 
-        url = store.url.rstrip("/") + f"/{LEARNER}/{C.LEARNER_HISTOGRAMS}"
+        url = layout.histograms(store.url.rstrip("/"))
         group = zarr.open_group(FsspecStore.from_url(url, read_only=True), mode="r")
     tables = []
     for name in sorted(group.array_keys()):

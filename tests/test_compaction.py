@@ -342,9 +342,12 @@ def test_a_format_1_manifest_is_read_and_migrated(store_dir: Path):
     assert_tidy(store)
 
 
-def test_the_documented_plain_reading_of_the_archive_counts_each_row_once(store_dir: Path):
+@pytest.mark.parametrize("name", ["store", "glob[1]store"])
+def test_the_documented_plain_reading_of_the_archive_counts_each_row_once(tmp_path, name):
     """docs/store.md's Python block (no gagpo import) finds the same rows as the reader,
-    halfway through a compaction (a moved shard still in the inbox) and after it."""
+    halfway through a compaction (a moved shard still in the inbox) and after it, also in
+    a folder whose name holds glob characters."""
+    store_dir = tmp_path / name
     text = (Path(__file__).parents[1] / "docs" / "store.md").read_text()
     block = text.split("**Reading the archive without gagpo.**")[1].split("```python")[1]
     code = block.split("```")[0].replace('store = "runs/a"', f"store = {str(store_dir)!r}")

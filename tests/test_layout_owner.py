@@ -20,8 +20,7 @@
       in a join from a store: `store.path(LEARNER, LEDGER)` copies layout's function;
    d. a module-level constant is assigned a layout name (`LEASE_DIR = "lease"`): a second
       owner of that name.
-   Docstrings and messages are not joins. KNOWN lists what modules owned elsewhere still
-   do; each entry must still be there (the list only shrinks).
+   Docstrings are not joins; messages that name a path are, and call layout too.
 2. docs/store.md's layout block is `layout.listing()`, and the README, docs/design.md and
    schemas/store.py point to it instead of listing the layout themselves.
 """
@@ -43,23 +42,6 @@ CONSTANTS = {k for k, v in vars(layout).items() if k.isupper() and v in layout.N
     "LEARNER_HISTOGRAMS",
 }
 STOREISH = re.compile(r"store|root|url", re.IGNORECASE)
-# (module, first line of the offending join) for modules another worker owned at the time.
-KNOWN = {
-    (
-        "actors/cli.py",
-        "f\"{len(summary.shards)} shard(s) written under {store_url.rstrip('/')}/shards/run={summary.run_id}/\"",
-    ),
-    (
-        "pipeline/cli.py",
-        "f\", {summary.diagnostics.batch['steps']} steps, under {store.rstrip('/')}/advantages/\"",
-    ),
-    ("pipeline/sql.py", "store.path(EVAL, HELDOUT)"),
-    ("pipeline/sql_sources.py", 'store.path(ADVANTAGES, "*", "*.parquet")'),
-    ("pipeline/sql_sources.py", "store.path(ADVANTAGES)"),
-    ("pipeline/sql_sources.py", 'store.path(LEARNER, C.LEARNER_METRICS_DIR, "*.parquet")'),
-    ("pipeline/sql_sources.py", "store.path(LEARNER, C.LEARNER_HISTOGRAMS)"),
-    ("pipeline/sql_sources.py", 'store.url.rstrip("/") + f"/{LEARNER}/{C.LEARNER_HISTOGRAMS}"'),
-}
 
 
 def _identifiers(node: ast.AST) -> list[str]:
@@ -164,12 +146,9 @@ def _modules() -> list[Path]:
 
 def test_no_module_but_layout_names_store_paths():
     found = [v for p in _modules() for v in violations(p)]
-    unexpected = [v for v in found if (v[0], v[3]) not in KNOWN]
-    assert not unexpected, "store paths built outside schemas/layout.py:\n" + "\n".join(
-        f"  {m}:{line} (rule {rule}) {src}" for m, line, rule, src in unexpected
+    assert not found, "store paths built outside schemas/layout.py:\n" + "\n".join(
+        f"  {m}:{line} (rule {rule}) {src}" for m, line, rule, src in found
     )
-    gone = KNOWN - {(v[0], v[3]) for v in found}
-    assert not gone, f"fixed, so drop from KNOWN: {sorted(gone)}"
 
 
 def test_the_check_catches_what_it_is_for(tmp_path):
