@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -179,7 +180,10 @@ class _LocalBackend(_Backend):
 
 
 def _worker(conn, make_env) -> None:
-    """A worker process: run each (id, slot, op, args) it receives, answer (id, ok, value)."""
+    """A worker process: run each (id, slot, op, args) it receives, answer (id, ok, value).
+    It ignores SIGINT (started so, see `_ignoring_sigint`): a terminal's Ctrl-C reaches the
+    whole process group, and the actor, not its workers, decides what stops and when."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs: dict[int, Environment] = {}
     while True:
         try:
@@ -195,6 +199,22 @@ def _worker(conn, make_env) -> None:
             conn.send((call_id, True, _run(envs, make_env, slot, op, args)))
         except Exception as exc:  # the exception travels back; its class may not pickle
             conn.send((call_id, False, f"{type(exc).__name__}: {exc}"))
+
+
+@contextlib.contextmanager
+def _ignoring_sigint():
+    """SIGINT ignored while a worker starts: a spawned interpreter keeps an ignored SIGINT
+    ignored, so a Ctrl-C during its start-up (imports, unpickling) cannot end it with a
+    traceback either. Signal dispositions belong to the main thread; elsewhere the worker
+    ignores SIGINT from its first line on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class EnvironmentFailed(RuntimeError):
@@ -214,7 +234,8 @@ class _ProcessBackend(_Backend):
         for _ in range(workers):
             parent, child = context.Pipe()
             proc = context.Process(target=_worker, args=(child, make_env), daemon=True)
-            proc.start()
+            with _ignoring_sigint():
+                proc.start()
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)

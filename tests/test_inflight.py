@@ -269,6 +269,62 @@ def test_sigint_with_groups_in_flight_leaves_no_torn_shard(tmp_path: Path):
     assert leftovers == []
 
 
+def _group_members(pgid: int) -> list[int]:
+    """Pids of live processes in process group `pgid` (Linux /proc; zombies left out)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, …
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["process", "thread", "inline"])
+def test_ctrl_c_from_a_terminal_ends_the_actor_as_sigint_to_its_pid_does(tmp_path, executor):
+    """A terminal's Ctrl-C is SIGINT to the whole process group, the executor's worker
+    processes included: they ignore it, the actor finishes its groups in flight, commits,
+    ends them and exits 0; no traceback, nothing torn, nothing of the group left alive."""
+    store_dir = tmp_path / "store"
+    cmd = [sys.executable, "-m", "gagpo.actors.cli", "--quiet", "--store", str(store_dir),
+           "--env", "sokoban", "--policy", "tiny", "--follow", "--no-throttle",
+           "--group-size", "3", "--max-turns", "6", "--groups-in-flight", "2",
+           "--env-executor", executor, "--env-workers", "2", "--seed", "7"]  # fmt: skip
+    store = Store(str(store_dir))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip  (its own group, as a shell's job)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if store_dir.exists() and len(store.list_shards()) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        if executor == "process":
+            assert len(_group_members(proc.pid)) >= 3  # the actor and its 2 workers
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err and "error" not in err.lower(), err[-2000:]
+    for ref in store.list_shards():
+        store.read_shard(ref)  # raises if torn or incomplete
+    assert store.quarantined() == []
+    deadline = time.monotonic() + 10
+    while _group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _group_members(proc.pid) == []
+
+
 class _Counting(Sokoban):
     """Counts how many of its kind run `reset` at once (a slow engine call)."""
 
