@@ -8,7 +8,6 @@ learner's backlog and waits instead of generating groups that would go stale (th
 
 from __future__ import annotations
 
-import hashlib
 import random
 import signal
 import sys
@@ -29,6 +28,7 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.cache import policy_cache_dir
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.seeds import derive_seed
 from gagpo.schemas.store import ShardRef, Store, new_id
 
 
@@ -71,8 +71,7 @@ class ActorSummary:
 
 def sampling_seed(seed: int, run_id: str, group_index: int) -> int:
     """Distinct sampling seeds per run and group, reproducible from them."""
-    digest = hashlib.blake2b(f"{seed}:{run_id}:{group_index}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little")
+    return derive_seed(seed, run_id, group_index, bits=32)
 
 
 class _StopFlag:

@@ -27,7 +27,6 @@ the others go on (`GroupLost`).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -40,6 +39,7 @@ from gagpo.actors.policies.base import PolicyBackend, Sample, request_seed
 from gagpo.actors.prompts import build_messages, parse_action
 from gagpo.actors.slots import Slots, Started
 from gagpo.schemas import columns as C
+from gagpo.schemas.seeds import derive_seed
 
 # Replies chosen by someone other than the policy (an expert): one per (env, admissible).
 Demonstrator = Callable[[list[Environment], list[tuple[str, ...] | None]], list[Sample]]
@@ -363,8 +363,7 @@ def _round_seed(rows: list[tuple[int, int]]) -> int:
     distinct = sorted(set(rows))
     if len(distinct) == 1:
         return distinct[0][0] + distinct[0][1]
-    digest = hashlib.blake2b(repr(distinct).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+    return derive_seed(repr(distinct), bits=63)
 
 
 def rollout_group(

@@ -33,7 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import LEARNER, LEDGER, ShardRef, Store
+from gagpo.schemas import layout
+from gagpo.schemas.policy import staleness
+from gagpo.schemas.store import ShardRef, Store
 
 # Until a learner has written its settings into the ledger: a backlog of at most 4 groups.
 # A learner with B ≥ 2 and max_staleness ≥ 1 trains them all, any learner finds its first
@@ -53,7 +55,7 @@ def room(
 ) -> int:
     """How many groups made with `policy_version` can still join a backlog of `backlog`
     groups and be trained within `max_staleness` (see the module docstring)."""
-    lag = learner_version - policy_version
+    lag = staleness(learner_version, policy_version)
     return max(0, (max_staleness - lag + 1) * batch_groups - backlog)
 
 
@@ -113,7 +115,7 @@ class Throttle:
 
     def _ledger(self) -> tuple[dict[str, int], dict[str, int], dict[bytes, bytes]]:
         """Groups consumed per shard, each consumed shard's size, and the ledger metadata."""
-        path = self.store.path(LEARNER, LEDGER)
+        path = layout.ledger(self.store.root)
         try:
             table = self.store.read_table(path, [C.SHARD_ID, C.SHARD_GROUPS])
         except FileNotFoundError:

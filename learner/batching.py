@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import torch
 
 from gagpo.schemas import columns as C
+from gagpo.schemas.policy import staleness
 
 
 @dataclass
@@ -28,7 +29,7 @@ class MicroBatch:
     action_mask: torch.Tensor  # [b, L] True on action tokens (right-aligned)
     logp_behav: torch.Tensor  # [b, L] behaviour log-probs, 0 where masked
     advantages: torch.Tensor  # [b]
-    staleness: torch.Tensor  # [b] learner version − policy_version
+    staleness: torch.Tensor  # [b] of each row's own step (schemas.policy.staleness)
     valid: torch.Tensor  # [b] actions the loss can use (tokens, context, finite inputs)
     weight: float = 0.0  # share of the optimiser step's loss denominator (set by `plan`)
 
@@ -96,6 +97,7 @@ def collate(table: pa.Table, version: int, pad_id: int, max_positions: int) -> M
     finite = np.isfinite(behav).all(1) & np.isfinite(advantages)
     valid = (a_len > 0) & (kept_p > 0) & (a_keep == a_len) & finite
     attention_t = torch.from_numpy(attention)
+    lag = staleness(version, table[C.POLICY_VERSION].to_numpy().astype(np.int64))  # [b]
     return MicroBatch(
         input_ids=torch.from_numpy(ids),
         attention_mask=attention_t.long(),
@@ -103,7 +105,7 @@ def collate(table: pa.Table, version: int, pad_id: int, max_positions: int) -> M
         action_mask=torch.from_numpy(action_mask & valid[:, None]),
         logp_behav=torch.from_numpy(np.where(np.isfinite(behav), behav, 0.0).astype(np.float32)),
         advantages=torch.from_numpy(np.where(np.isfinite(advantages), advantages, 0.0)),
-        staleness=torch.from_numpy(version - table[C.POLICY_VERSION].to_numpy().astype(np.int64)),
+        staleness=torch.from_numpy(lag),
         valid=torch.from_numpy(valid),
     )
 

@@ -29,12 +29,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
+from gagpo.schemas import layout
 from gagpo.schemas.archive import archived_ledger, is_segment, step_files
 from gagpo.schemas.errors import GagpoError, ValidationError
-from gagpo.schemas.store import LEARNER, LEDGER, ShardRef, Store
+from gagpo.schemas.policy import staleness
+from gagpo.schemas.store import ShardRef, Store
 from gagpo.schemas.validate import check_group_owners
 
-LEDGER_FILE = LEDGER
 TRAINED, STALE = "trained", "stale"
 # Column names of the ledger table, one row per consumed group (schemas/columns.py).
 UPDATE, STATUS, LEARNER_VERSION = C.LEDGER_UPDATE, C.LEDGER_STATUS, C.LEDGER_LEARNER_VERSION
@@ -108,7 +109,7 @@ class Ledger:
     @classmethod
     def load(cls, store: Store) -> Ledger:
         """The store's ledger: the archive's rows and the learner's tail."""
-        path = store.path(LEARNER, LEDGER_FILE)
+        path = layout.ledger(store.root)
         tail = store.read_table(path) if store.exists(path) else None
         return cls(tail, archived_ledger(store))
 
@@ -166,7 +167,7 @@ class Ledger:
         return pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA)
 
     def commit(self, store: Store, metadata: dict[bytes, bytes] | None = None) -> None:
-        store.write_parquet(self.tail_table(), store.path(LEARNER, LEDGER_FILE), metadata or {})
+        store.write_parquet(self.tail_table(), layout.ledger(store.root), metadata or {})
 
 
 @dataclass
@@ -323,10 +324,11 @@ class Feed:
     def _drop_stale(self, version: int) -> list[GroupRef]:
         if self.max_staleness is None:
             return []
-        stale = [g for g in self._pending if version - g.policy_version > self.max_staleness]
+        bound = self.max_staleness
+        stale = [g for g in self._pending if staleness(version, g.policy_version) > bound]
         if stale:
             self._pending = deque(
-                g for g in self._pending if version - g.policy_version <= self.max_staleness
+                g for g in self._pending if staleness(version, g.policy_version) <= bound
             )
             self.stats.groups_stale += len(stale)
             self.stats.steps_stale += self._release(stale).height

@@ -24,8 +24,27 @@ import torch
 from gagpo.learner.config import LossSettings
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim) -> torch.Tensor:
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def _log_ratio(log_ratio_tok: torch.Tensor, maskf: torch.Tensor, level: str) -> torch.Tensor:
+    """log ρ at `level`, before bounding: ℓ_k per token [A, L]; per action their mean
+    (length-normalised) or, per sequence, their sum [A]."""
+    if level == "token":
+        return log_ratio_tok
+    summed = (log_ratio_tok * maskf).sum(1)
+    return summed if level == "sequence" else summed / maskf.sum(1).clamp(min=1)
+
+
+def _at(x: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """A per-action term [A] in ρ's shape ([A], or [A, 1] against a token-level [A, L])."""
+    return x if ratio.dim() == 1 else x[:, None]
+
+
+def _per_action(x: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
+    """A term in ρ's shape as one number per action [A]: its mean over the action's tokens."""
+    return x if x.dim() == 1 else _masked_mean(x, maskf, 1)
 
 
 def gagpo_loss(
@@ -45,98 +64,66 @@ def gagpo_loss(
                                  level) or [A, L] per token (token level); mask: the valid ones
         behavior_weight, valid   w of each action [A] (1 under bypass); the valid actions [A]
     """
-    mask = token_mask.bool()
     bound = config.log_ratio_bound
-    if config.bypass:
-        logp_prox = logp_behav
-    logp_prox = logp_prox.detach()
+    logp_prox = (logp_behav if config.bypass else logp_prox).detach()
 
     # An action is masked when it has no tokens or any of its inputs is not finite.
     finite = torch.isfinite(logp_prox) & torch.isfinite(logp_behav) & torch.isfinite(logp.detach())
-    valid_action = mask.any(1) & (finite | ~mask).all(1) & torch.isfinite(advantages)  # [A]
-    mask = mask & valid_action[:, None]
-    maskf = mask.to(logp.dtype)
-    n_tokens = maskf.sum(1)  # [A]
-    adv = torch.where(valid_action, advantages, torch.zeros_like(advantages)).to(logp.dtype)
-
+    mask = token_mask.bool()
+    valid = mask.any(1) & (finite | ~mask).all(1) & torch.isfinite(advantages)  # [A]
+    mask = mask & valid[:, None]  # [A, L]
+    maskf = mask.to(logp.dtype)  # [A, L]
+    adv = torch.where(valid, advantages, torch.zeros_like(advantages)).to(logp.dtype)  # [A]
     # Zero the non-finite entries first: 0·inf would be NaN even where masked out.
     safe = lambda x: torch.where(mask, x, torch.zeros_like(x))  # noqa: E731
-    log_ratio_tok = safe(logp) - safe(logp_prox)  # [A, L] ℓ_k
-    log_w_tok = safe(logp_prox) - safe(logp_behav)  # [A, L]
 
-    # Behaviour weight w: detached, truncated at C (one scalar per action).
-    log_cap = min(bound, math.log(config.behavior_cap))
-    log_w = _masked_mean(log_w_tok, maskf, 1).clamp(-bound, log_cap)  # [A]
-    w = torch.exp(log_w).detach()  # [A]
-    w_tok = w[:, None]
+    # Behaviour weight w = min(π_prox/π_behav, C): detached, one per action.
+    log_w = _masked_mean(safe(logp_prox) - safe(logp_behav), maskf, 1)  # [A]
+    w = torch.exp(log_w.clamp(-bound, min(bound, math.log(config.behavior_cap)))).detach()  # [A]
 
-    if config.ratio_level == "token":
-        unbounded = (log_ratio_tok.abs() * maskf).amax(1)  # [A] largest |ℓ_k|
-        log_ratio = log_ratio_tok.clamp(-bound, bound)  # [A, L]
-        ratio = torch.exp(log_ratio)
-        adv_b = adv[:, None]
-        surrogate = torch.minimum(
-            ratio * adv_b, ratio.clamp(1 - config.eps_low, 1 + config.eps_high) * adv_b
-        )
-        per_token = -w_tok * surrogate  # [A, L]
-        if config.aggregation == "token_mean":
-            pg_loss = (per_token * maskf).sum() / maskf.sum().clamp(min=1)
-        else:
-            pg_loss = (
-                _masked_mean(per_token, maskf, 1) * valid_action
-            ).sum() / valid_action.sum().clamp(min=1)
-        clipped = ((ratio < 1 - config.eps_low) | (ratio > 1 + config.eps_high)) & mask
-        clip_frac = clipped.sum() / mask.sum().clamp(min=1)
-        action_log_ratio = _masked_mean(log_ratio, maskf, 1)
-    else:
-        summed = (log_ratio_tok * maskf).sum(1)
-        raw = summed if config.ratio_level == "sequence" else summed / n_tokens.clamp(min=1)
-        unbounded = raw.abs()  # [A]
-        log_ratio = raw.clamp(-bound, bound)  # [A]
-        ratio = torch.exp(log_ratio)
-        surrogate = torch.minimum(
-            ratio * adv, ratio.clamp(1 - config.eps_low, 1 + config.eps_high) * adv
-        )
-        per_action = -w * surrogate  # [A]
-        weights = n_tokens if config.aggregation == "token_mean" else valid_action.to(logp.dtype)
-        pg_loss = (per_action * weights).sum() / weights.sum().clamp(min=1)
-        clipped = ((ratio < 1 - config.eps_low) | (ratio > 1 + config.eps_high)) & valid_action
-        clip_frac = clipped.sum() / valid_action.sum().clamp(min=1)
-        action_log_ratio = log_ratio
+    # Ratio ρ = π_θ/π_prox at the chosen level: [A, L] per token, else [A]; log bounded.
+    raw_log_ratio = _log_ratio(safe(logp) - safe(logp_prox), maskf, config.ratio_level)
+    log_ratio = raw_log_ratio.clamp(-bound, bound)
+    ratio = torch.exp(log_ratio)
+    ratio_mask = mask if config.ratio_level == "token" else valid  # where ρ is used
 
-    loss = pg_loss
-    kl = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    # One clipped surrogate (ρ's shape), one number per action, then the aggregation.
+    clipped = ratio.clamp(1 - config.eps_low, 1 + config.eps_high)
+    surrogate = torch.minimum(ratio * _at(adv, ratio), clipped * _at(adv, ratio))
+    pg_action = _per_action(-_at(w, ratio) * surrogate, maskf)  # [A]
+    weights = maskf.sum(1) if config.aggregation == "token_mean" else valid.to(logp.dtype)  # [A]
+    pg_loss = (pg_action * weights).sum() / weights.sum().clamp(min=1)
+
+    # Optional terms, per token; KL(π_θ ‖ π_ref) by k3: exp(r) − r − 1, r = log(π_ref/π_θ).
+    kl = ent = torch.zeros((), dtype=logp.dtype, device=logp.device)
     if config.kl_coef and logp_ref is not None:
-        # k3 estimator of KL(π_θ || π_ref): exp(r) − r − 1 with r = log π_ref − log π_θ, r bounded.
-        r = (safe(logp_ref.detach()) - safe(logp)).clamp(-bound, bound)
-        kl = ((torch.exp(r) - r - 1) * maskf).sum() / maskf.sum().clamp(min=1)
-        loss = loss + config.kl_coef * kl
-    ent = torch.zeros((), dtype=logp.dtype, device=logp.device)
+        r = (safe(logp_ref.detach()) - safe(logp)).clamp(-bound, bound)  # [A, L]
+        kl = _masked_mean(torch.exp(r) - r - 1, maskf, (0, 1))
     if config.entropy_coef and entropy is not None:
-        ent = (safe(entropy) * maskf).sum() / maskf.sum().clamp(min=1)
-        loss = loss - config.entropy_coef * ent
+        ent = _masked_mean(safe(entropy), maskf, (0, 1))
+    loss = pg_loss + config.kl_coef * kl - config.entropy_coef * ent
 
     with torch.no_grad():
-        valid = valid_action
         n_valid = valid.sum().clamp(min=1)
-        lr_valid = torch.where(valid, action_log_ratio, torch.zeros_like(action_log_ratio))
+        action_log_ratio = torch.where(valid, _per_action(log_ratio, maskf), 0.0)  # [A]
+        bounded = (raw_log_ratio.abs() > bound) & ratio_mask  # ρ's shape
         metrics = {
             "loss": loss.detach(),
             "pg_loss": pg_loss.detach(),
             "kl_ref": kl.detach(),
             "entropy": ent.detach(),
-            # k3 estimate of KL(π_prox || π_θ) over actions (0 for a masked one)
-            "approx_kl": (torch.exp(-lr_valid) - 1 + lr_valid).sum() / n_valid,
-            "clip_frac": clip_frac,
+            # k3 estimate of KL(π_prox ‖ π_θ) over actions (0 for a masked one)
+            "approx_kl": (torch.exp(-action_log_ratio) - 1 + action_log_ratio).sum() / n_valid,
+            "clip_frac": ((ratio != clipped) & ratio_mask).sum() / ratio_mask.sum().clamp(min=1),
             "behavior_weight_mean": (w * valid).sum() / n_valid,
             "behavior_weight_max": torch.where(valid, w, torch.zeros_like(w)).max(),
-            "ratio_bounded": ((unbounded > bound) & valid).sum(),
-            "masked_actions": (~valid_action).sum(),
-            "actions": valid_action.numel(),  # a shape: known without the device
+            "ratio_bounded": (bounded if bounded.dim() == 1 else bounded.any(1)).sum(),
+            "masked_actions": (~valid).sum(),
+            "actions": valid.numel(),  # a shape: known without the device
             "tokens": maskf.sum(),
             "ratio": ratio.detach(),
-            "ratio_mask": mask if config.ratio_level == "token" else valid_action,
+            "ratio_mask": ratio_mask,
             "behavior_weight": w,
-            "valid": valid_action,
+            "valid": valid,
         }
     return loss, metrics

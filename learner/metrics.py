@@ -17,10 +17,10 @@ import pyarrow as pa
 import torch
 
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import LEARNER, Store
+from gagpo.schemas import layout
+from gagpo.schemas.policy import staleness
+from gagpo.schemas.store import Store
 
-METRICS = C.LEARNER_METRICS_DIR
-HISTOGRAMS = C.LEARNER_HISTOGRAMS
 # Columns of a metrics row, in order (loss terms as returned by `gagpo_loss`).
 METRIC_COLUMNS = C.LEARNER_METRICS_COLUMNS
 
@@ -50,11 +50,17 @@ class Histogram:
         return out.scatter_add_(0, index, keep.flatten().long())
 
 
+def group_staleness(batch, version: int) -> np.ndarray:
+    """The staleness of each group of a batch formed at learner `version` (the version
+    before its update), measured on the group's oldest step."""
+    return staleness(version, np.array([g.policy_version for g in batch.groups], dtype=np.int64))
+
+
 def staleness_counts(batch, version: int, max_staleness: int) -> np.ndarray:
-    """Groups of a batch per staleness 0..S (version − policy_version; larger values, as in
+    """Groups of a batch formed at `version` per staleness 0..S (larger values, as in
     replay, fall in S), then the groups dropped as stale while it was formed."""
-    staleness = np.array([version - g.policy_version for g in batch.groups], dtype=np.int64)
-    counts = np.bincount(np.clip(staleness, 0, max_staleness), minlength=max_staleness + 1)
+    lag = group_staleness(batch, version)
+    counts = np.bincount(np.clip(lag, 0, max_staleness), minlength=max_staleness + 1)
     return np.append(counts, len(batch.stale)).astype(np.int64)
 
 
@@ -99,13 +105,12 @@ class MetricsLog:
         import zarr
 
         if self._group is None:
-            path = self.store.path(LEARNER, HISTOGRAMS)
             if self.store.is_local:
-                self._group = zarr.open_group(path, mode="a")
+                self._group = zarr.open_group(layout.histograms(self.store.root), mode="a")
             else:
                 from zarr.storage import FsspecStore
 
-                url = self.store.url.rstrip("/") + f"/{LEARNER}/{HISTOGRAMS}"
+                url = layout.histograms(self.store.url)
                 self._group = zarr.open_group(FsspecStore.from_url(url), mode="a")
         return self._group
 
@@ -115,11 +120,9 @@ class MetricsLog:
         table = pa.Table.from_pylist(
             [{k: row.get(k) for k in METRIC_COLUMNS}], schema=C.LEARNER_METRICS_SCHEMA
         )
-        self.store.write_parquet(
-            table, self.store.path(LEARNER, METRICS, f"{update:08d}.parquet"), {}
-        )
+        self.store.write_parquet(table, layout.metrics(self.store.root, update), {})
         self.store.retrying(
-            f"writing {LEARNER}/{HISTOGRAMS} row {update}",
+            f"writing {layout.histograms(self.store.url)} row {update}",
             lambda: self._write_histograms(update, histograms),
         )
         if self.sinks:
@@ -224,8 +227,8 @@ def read_metrics(store: Store):
     """All metrics rows as a Polars DataFrame, ordered by update."""
     import polars as pl
 
-    paths = sorted(p for p in store.glob(store.path(LEARNER, METRICS, "*.parquet"))
-                   if not p.rsplit("/", 1)[-1].startswith("."))  # a killed write's temporary
+    paths = sorted(p for p in store.glob(layout.metrics(store.root, "*"))
+                   if layout.parse_metrics(p) is not None)  # not a killed write's temporary
     if not paths:
         return pl.DataFrame()
     return pl.concat([pl.from_arrow(store.read_table(p)) for p in paths]).sort("update")

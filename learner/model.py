@@ -16,7 +16,10 @@ from gagpo.learner.batching import MicroBatch
 from gagpo.learner.preflight import check_policy_name
 from gagpo.schemas.cache import policy_cache_dir
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.policy import is_hub_id
 from gagpo.schemas.store import Store
+
+WAIT_NOTE_S = 60.0  # the wait for the base policy says it still waits this often
 
 
 def resolve_policy(
@@ -38,23 +41,31 @@ def resolve_policy(
                 "config.json and safetensors weights, or a preset name (tiny, smollm2-135m)"
             )
         return path
-    hub_id = spec.split("@", 1)[0].count("/") == 1 and not spec.startswith(("/", ".", "~"))
-    if ("/" in spec or spec.startswith(".")) and not hub_id:  # a hub id: the actors resolve it
+    if ("/" in spec or spec.startswith(".")) and not is_hub_id(spec):  # the actors resolve hub ids
         raise GagpoError(
             f"model path {spec!r} does not exist; accepted: a Hugging Face model folder or a "
             "preset name (tiny, smollm2-135m)"
         )
     check_policy_name(spec)
+    waiting = f"base policy {spec!r} as {store.policy_dir(0)}"
     if not store.has_policy(0) and echo is not None:
-        echo(f"waiting for the actors to publish base policy {spec!r} as {store.policy_dir(0)}")
-    deadline = None if wait_s is None else time.monotonic() + wait_s
+        echo(f"waiting for the actors to publish {waiting}")
+    start = time.monotonic()
+    deadline = None if wait_s is None else start + wait_s
+    said = start
     while not store.has_policy(0):
-        if deadline is not None and time.monotonic() >= deadline:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
             raise GagpoError(
                 f"no base policy: {store.policy_dir(0)} did not appear within {wait_s:g}s; "
                 f"accepted: gagpo-actors --policy {spec} writing to this store (they publish "
                 "it), or --policy FOLDER with a Hugging Face model folder"
             )
+        if echo is not None and now - said >= WAIT_NOTE_S:  # a wait with no end says so
+            said = now
+            bound = f"{wait_s:g} s at most" if wait_s is not None else "no bound (--idle-timeout)"
+            echo(f"still waiting for the actors to publish {waiting}: {now - start:.0f} s so far, "
+                 f"{bound}; gagpo-actors --policy {spec} on this store publishes it")  # fmt: skip
         time.sleep(poll_s)
     return Path(store.fetch_policy(0, str(policy_cache_dir())))
 

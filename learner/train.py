@@ -45,7 +45,7 @@ from gagpo.learner.dist import (
 from gagpo.learner.feed import BATCH_COLUMNS, TRAINED, Batch, Feed, Ledger, pipeline_advantages
 from gagpo.learner.lease import release_lease
 from gagpo.learner.loss import gagpo_loss
-from gagpo.learner.metrics import Histogram, MetricsLog, staleness_counts
+from gagpo.learner.metrics import Histogram, MetricsLog, group_staleness, staleness_counts
 from gagpo.learner.model import action_logprobs, add_lora, has_dropout, load_model, resolve_policy
 from gagpo.learner.precision import autocast_dtype
 from gagpo.learner.preflight import check_start
@@ -294,7 +294,9 @@ def replay_order(cfg: LearnerConfig) -> list[str] | None:
 
 
 def metrics_row(update, version, batch: Batch, stats: dict, feed: Feed, t_wait, t0, t1) -> dict:
-    staleness = np.array([version - 1 - g.policy_version for g in batch.groups])
+    """The metrics of `update`, which published `version`: its batch was formed at the
+    version before, and its staleness is measured there (schemas.policy.staleness)."""
+    staleness = group_staleness(batch, version - 1)
     return stats | {
         "update": update, "version": version, "time": t1,
         "groups": len(batch.groups), "steps": batch.steps.height,

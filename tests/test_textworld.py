@@ -20,9 +20,10 @@ import pytest
 
 from gagpo.actors.envs import textworld_env
 from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Environment
-from gagpo.actors.envs.external import cache_root, match_command
+from gagpo.actors.envs.external import match_command
 from gagpo.actors.envs.textworld_env import CHALLENGES, TextWorld, game_settings
 from gagpo.schemas import columns as C
+from gagpo.schemas.cache import cache_root
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
 from gagpo.schemas.validate import validate_steps

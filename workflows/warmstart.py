@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import Field
 
+from gagpo.schemas import layout
 from gagpo.schemas.cache import cache_root
 from gagpo.schemas.config import POLICY_PRESETS, Config
 
@@ -126,7 +127,7 @@ def env_revision(env: str) -> int:
 
 def warmstart(cfg: WarmstartConfig, *, echo=print) -> Path:
     """The warm-started policy folder for `cfg`: from the cache, or built (atomically) now."""
-    from gagpo.actors.policies.presets import build_once
+    from gagpo.schemas.files import build_once
 
     key = cache_key(cfg)
     final = warmstart_root() / key
@@ -191,7 +192,7 @@ def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
     echo(f"warm start: NLL per action token {nll[0]:.3f} → {nll[-1]:.3f} in {len(nll)} updates")
     src = Path(Store(store).policy_dir(summary.version))
     shutil.copytree(src, folder / POLICY_DIR, ignore=shutil.ignore_patterns(".*"))
-    shutil.rmtree(Path(store) / "learner" / "checkpoints", ignore_errors=True)
+    shutil.rmtree(layout.checkpoints_dir(store), ignore_errors=True)
     info = {
         "key": cache_key(cfg),  # folder is the temporary build folder here
         "config": cfg.model_dump(mode="json"),

@@ -38,7 +38,6 @@ from gagpo.actors.envs.alfworld_data import GAME_FILE, find_games
 from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
 from gagpo.actors.envs.external import (
     PIP_ALFWORLD,
-    cache_root,
     end_turn,
     match_command,
     require,
@@ -46,6 +45,7 @@ from gagpo.actors.envs.external import (
 )
 from gagpo.actors.envs.parse import normalise_command
 from gagpo.actors.envs.pddl_gen import TASK_TYPES, Knowledge, generate_task, vocabulary_types
+from gagpo.schemas.cache import cache_root
 from gagpo.schemas.errors import GagpoError
 
 GAME_FORMAT = 1  # bump when generated game files change

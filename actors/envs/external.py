@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import tempfile
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from gagpo.actors.envs.base import Transition
 from gagpo.actors.envs.parse import normalise_command
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.files import atomic_write
 
 # What `make install` runs for the optional engines (INSTALL-NOTES-envs.md has the why).
 PIP_TEXTWORLD = (
@@ -33,7 +33,9 @@ _ARTICLES = frozenset({"the", "a", "an"})
 
 
 def require(module: str, pip_command: str) -> ModuleType:
-    """Import `module`, or raise a GagpoError that says how to install it."""
+    """Import `module`, or raise a GagpoError that says how to install it. A library that is
+    installed but fails to import (a version written for another Python: a SyntaxError in
+    its code) is one line too."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -41,24 +43,20 @@ def require(module: str, pip_command: str) -> ModuleType:
             f"this environment needs the Python module '{module}' ({exc}); install it with: "
             f"{pip_command}"
         ) from None
-
-
-def cache_root() -> Path:
-    """`$GAGPO_CACHE`, default `~/.cache/gagpo`."""
-    return Path(os.environ.get("GAGPO_CACHE") or Path.home() / ".cache" / "gagpo").expanduser()
+    except (Exception, SystemExit) as exc:
+        where = f" ({exc.filename}, line {exc.lineno})" if isinstance(exc, SyntaxError) else ""
+        first = (str(getattr(exc, "msg", None) or exc).strip().splitlines() or [""])[0][:200]
+        raise GagpoError(
+            f"the Python module '{module}' is installed but fails to import under Python "
+            f"{sys.version_info.major}.{sys.version_info.minor}: {type(exc).__name__}: {first}"
+            f"{where}; accepted: a version of '{module}' that imports under this Python "
+            f"(the adapter targets: {pip_command})"
+        ) from None
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write `data` as JSON to `path` through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """`data` as JSON at `path`, whole or not at all (schemas.files.atomic_write)."""
+    atomic_write(path, lambda temp: temp.write_text(json.dumps(data)))
 
 
 def _bare(command: str) -> str:

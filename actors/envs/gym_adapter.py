@@ -32,7 +32,6 @@ episode of its seed however often it is called (docs/environments.md).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,6 +39,7 @@ from typing import Any
 from gagpo.actors.envs.base import Reset, Transition
 from gagpo.actors.envs.external import match_command
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.loader import load_object
 
 # Options of the adapter itself; every other option goes to the environment's constructor.
 ADAPTER_OPTIONS = (
@@ -60,16 +60,8 @@ GENERIC_INSTRUCTIONS = (
 
 def _resolve_function(spec: str) -> tuple[Callable[..., Any], bool]:
     """The function `spec` names and whether it takes the environment (`env` parameter)."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise GagpoError(
-            f"state_key function {spec!r} cannot be loaded ({exc}); accepted: an info key, "
-            "'observation', or 'module:function'"
-        ) from None
-    if not callable(fn):
-        raise GagpoError(f"state_key function {spec!r} is not callable")
+    accepted = "an info key, 'observation', or 'module:function'"
+    fn = load_object(spec, f"state_key function {spec!r}", accepted)
     try:
         takes_env = "env" in inspect.signature(fn).parameters
     except (TypeError, ValueError):

@@ -30,7 +30,6 @@ import glob
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,14 +42,15 @@ from typing import Any
 from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
 from gagpo.actors.envs.external import (
     PIP_TEXTWORLD,
-    cache_root,
     clean_feedback,
     end_turn,
     match_command,
     require,
     write_json_atomic,
 )
+from gagpo.schemas.cache import cache_root
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.files import build_once
 
 GAME_FORMAT = 1  # bump when the files a game folder holds change
 # Challenge -> its settings and their defaults: small games a policy can finish in 30 turns.
@@ -129,38 +129,27 @@ def game_dir(root: Path, spec: Mapping[str, Any]) -> Path:
 
 def ensure_game(root: Path, spec: Mapping[str, Any]) -> Path:
     """The folder of the game `spec` under `root`, generating it first if needed."""
-    final = game_dir(root, spec)
-    if (final / "meta.json").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
-    try:
-        out = build / "game"
-        out.mkdir()
-        scratch = {"HOME": build / "home", "TMPDIR": build / "tmp"}
-        for path in scratch.values():
-            path.mkdir()
-        done = subprocess.run(
-            [sys.executable, "-c", _MAKE_GAME, json.dumps(spec), str(out)],
-            env={**os.environ, **{k: str(v) for k, v in scratch.items()}},
-            capture_output=True,
-            text=True,
-            timeout=GENERATE_TIMEOUT_S,
-        )
+
+    def generate(out: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix=".scratch-", dir=root) as scratch:
+            env = {"HOME": Path(scratch, "home"), "TMPDIR": Path(scratch, "tmp")}
+            for path in env.values():
+                path.mkdir()
+            done = subprocess.run(
+                [sys.executable, "-c", _MAKE_GAME, json.dumps(spec), str(out)],
+                env={**os.environ, **{k: str(v) for k, v in env.items()}},
+                capture_output=True,
+                text=True,
+                timeout=GENERATE_TIMEOUT_S,
+            )
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
             raise GagpoError(
                 f"TextWorld could not generate {spec['challenge']} with settings "
                 f"{spec['settings']} and seed {spec['seed']}: {' | '.join(tail)}"
             )
-        try:
-            out.rename(final)
-        except OSError:  # another process finished the same game first
-            if not (final / "meta.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
-    return final
+
+    return build_once(game_dir(root, spec), generate)  # concurrent builders: one wins
 
 
 def game_meta(game: Any) -> dict[str, Any]:

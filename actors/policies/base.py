@@ -8,21 +8,20 @@ distribution it was sampled from: these become the steps table's `action_ids` an
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 # One source for the sampling config: the CLI/TOML models in schemas/ own it.
 from gagpo.schemas.config import SamplingConfig
+from gagpo.schemas.seeds import derive_seed
 
 __all__ = ["PolicyBackend", "Sample", "SamplingConfig", "request_seed"]
 
 
 def request_seed(seed: int, index: int) -> int:
     """A distinct, reproducible seed for prompt `index` of a call (or turn) seeded with `seed`."""
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+    return derive_seed(seed, index)
 
 
 @dataclass(frozen=True)

