@@ -19,6 +19,8 @@ from gagpo.pipeline.config import AdvantagesCommand, EstimatorConfig
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import nested_models, parse_sets
+from gagpo.workflows import warmstart_cli
+from gagpo.workflows.warmstart import WarmstartConfig
 
 # (command, its ModelOptions, the models it reads, its TOML table)
 COMMANDS = {
@@ -27,6 +29,9 @@ COMMANDS = {
     "advantages": (
         pipeline_cli.advantages, pipeline_cli.OPTIONS, (AdvantagesCommand, EstimatorConfig),
         "advantages",
+    ),
+    "warmstart": (
+        warmstart_cli.warmstart_command, warmstart_cli.OPTIONS, (WarmstartConfig,), "warmstart",
     ),
 }  # fmt: skip
 
@@ -47,6 +52,8 @@ OLD_FLAGS = {
     "advantages": """--input --out --store --run --estimator --gamma --lam --norm --omega --eps
         --step-std --no-step-std --gigpo-variant --state-grouping --config --compression
         --as-of-update --set --quiet --workers --ray""",
+    "warmstart": """--env --policy --config --demos --noise --max-turns --history-window
+        --batch-groups --lr --seed --eval-groups""",
 }
 
 
