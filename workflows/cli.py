@@ -36,6 +36,7 @@ SUBCOMMANDS = {
     ),
     "sql": ("gagpo.pipeline.inspect_cli", "sql_command", "Query a store with read-only SQL."),
     "report": ("gagpo.pipeline.inspect_cli", "report_command", "Plots and a summary of a store."),
+    "view": ("gagpo.pipeline.view.cli", "view_command", "A local read-only web app over a store."),
 }
 
 

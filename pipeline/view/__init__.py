@@ -1,0 +1,14 @@
+"""`gagpo view`: a local, read-only web app over one store or several (docs/inspect.md).
+
+    data.py     what each page reads: queries through the `gagpo sql` sandbox
+                (pipeline/sql.py, the store's one reader) and the estimators recomputed
+                for one group (pipeline/advantages.py); no HTTP here
+    access.py   who may ask: loopback by default, an access token for any other address,
+                loopback Host names only (DNS rebinding), security headers
+    app.py      the Starlette app: pages, JSON endpoints, packaged assets, one-line errors
+    cli.py      the `gagpo view` command: parse, check the bind, run uvicorn
+    static/     the pages' HTML, JS and CSS, and uPlot (the charting library), shipped
+                in the package: nothing is fetched from the internet at run time
+
+Starlette, uvicorn and the assets are the `view` extra; importing this package needs none.
+"""

@@ -1,0 +1,105 @@
+"""`gagpo view`: parse, check the bind and the stores, then serve the app with uvicorn.
+
+Starlette and uvicorn (the `view` extra) are imported only when the command runs, so
+`gagpo --help` stays instant and a missing extra is one line.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+
+import click
+
+from gagpo.pipeline.inspect_cli import _gamma_option, _limit_options
+from gagpo.schemas.errors import GagpoError
+
+
+def sessions(specs: tuple[str, ...], gamma: float, limits) -> list:
+    """One StoreSession per `--store [LABEL=]URL`, labelled as `gagpo report` labels runs."""
+    from pathlib import PurePosixPath
+
+    from gagpo.pipeline.report import parse_store_spec
+    from gagpo.pipeline.view.data import StoreSession
+
+    out, seen = [], set()
+    for i, spec in enumerate(specs):
+        label, url = parse_store_spec(spec)
+        name = label or PurePosixPath(url.rstrip("/")).name or f"run{i + 1}"
+        if name in seen:
+            if label:
+                raise GagpoError(
+                    f"--store label {label!r} is given twice; accepted: distinct labels"
+                )
+            name = f"{name}-{i + 1}"
+        seen.add(name)
+        out.append(StoreSession(name, url, limits=limits, gamma=gamma))
+    return out
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise GagpoError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); accepted: "
+                             "a free --port, an address of this machine as --host") from None  # fmt: skip
+
+
+@click.command("view", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--store", "store_specs", required=True, multiple=True, metavar="[LABEL=]URL",
+              help="Store root (local path or fsspec URL); repeat to show several runs on shared "
+              "axes (--store gagpo=runs/a --store grpo=runs/b).")  # fmt: skip
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Any address but loopback needs an access token.",
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
+@click.option("--token", default=None, metavar="TOKEN",
+              help="Access token every request must carry (?token=… once, then a cookie). "
+              "Generated and printed when --host is not loopback and none is given.")  # fmt: skip
+@_gamma_option
+@_limit_options
+def view_command(store_specs: tuple[str, ...], host: str, port: int, token: str | None,
+                 gamma: float, timeout_s: float, memory_limit: str) -> None:  # fmt: skip
+    """Serve a local, read-only web app over the store: the run's learning curves, each
+    group's rollouts side by side with their credit under any estimator, state pools,
+    and the SQL sandbox of `gagpo sql` (docs/inspect.md)."""
+    from gagpo.schemas.extras import require
+
+    require("view", "gagpo view")
+    import uvicorn
+
+    from gagpo.pipeline.sql import Limits
+    from gagpo.pipeline.view.access import is_loopback
+    from gagpo.pipeline.view.app import create_app
+
+    limits = Limits(timeout_s=timeout_s, memory_limit=memory_limit)
+    stores = sessions(store_specs, gamma, limits)
+    for store in stores:  # a wrong store is one line now, not an error page later
+        store.query("SELECT 1")
+    generated = token is None and not is_loopback(host)
+    if generated:
+        token = secrets.token_urlsafe(24)
+    app = create_app(stores, host=host, token=token, sql_limits=limits)
+    _check_port_free(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    click.echo(f"gagpo view: serving {', '.join(s.label for s in stores)} at {url}")
+    if generated:
+        click.echo(
+            "gagpo view: the access token above was generated for this run (--token sets one)"
+        )
+    if is_loopback(host):
+        click.echo(f"gagpo view: from another machine: ssh -N -L {port}:127.0.0.1:{port} "
+                   "USER@THIS-HOST, then open the URL there")  # fmt: skip
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False,
+                    access_log=False)  # fmt: skip
+    finally:
+        for store in stores:
+            store.close()

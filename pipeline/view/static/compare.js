@@ -1,0 +1,45 @@
+// The compare page: one group under several estimators, one colour scale for all columns.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+async function load(store, group) {
+  const q = {store, group, estimators: $("estimators").value.replace(/\s+/g, ""), gamma: $("gamma").value, lam: $("lam").value};
+  const grouping = $("grouping").value.trim();
+  if (grouping && grouping !== "exact") q.state_grouping = grouping;
+  history.replaceState(null, "", `/compare?${new URLSearchParams(q)}`);
+  const v = await G.get("/api/compare", q);
+  G.error(null);
+  $("title").textContent = v.group_id;
+  $("group-link").href = `/group?${new URLSearchParams({store, group})}`;
+  const max = Math.max(1e-9, ...v.summaries.map((s) => s.max_abs || 0));
+  G.legend($("legend"), max, "advantage, one scale for every estimator");
+  $("summaries").innerHTML = G.table(v.estimators.map((e, i) => ({
+    estimator: e.tag, "zero-advantage share": G.pct(v.summaries[i].zero_share),
+    IQR: G.num(v.summaries[i].iqr), "max |A|": G.num(v.summaries[i].max_abs)})),
+    ["estimator", "zero-advantage share", "IQR", "max |A|"]);
+  const head = ["rollout", "turn", "action", "reward", ...v.estimators.map((e) => e.choice)]
+    .map((c) => `<th title="${G.esc(c)}">${G.esc(c)}</th>`).join("");
+  const body = v.rows.map((r) => `<tr><td title="${G.esc(r.traj_id)}">…${G.esc(r.traj_id.slice(-6))}</td><td>${r.step}</td>` +
+    `<td><code class="${r.valid ? "" : "bad"}">${G.esc(String(r.action).slice(0, 40))}</code></td><td>${G.num(r.reward, 2)}</td>` +
+    r.advantages.map((a) => `<td class="adv-cell" data-adv="${a}" style="background:${G.diverging(a, max)}">${G.num(a)}</td>`).join("") + "</tr>").join("");
+  $("matrix").innerHTML = `<table id="compare-table"><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table>`;
+}
+
+async function main() {
+  G.nav("Compare");
+  const p = G.params();
+  const store = p.get("store") || (await G.get("/api/stores"))[0].label;
+  for (const [param, id] of [["estimators", "estimators"], ["gamma", "gamma"], ["lam", "lam"], ["state_grouping", "grouping"]]) {
+    if (p.get(param)) $(id).value = p.get(param);
+  }
+  const group = p.get("group");
+  if (!group) {
+    $("matrix").innerHTML = `<p>Open a group from the <a href="/group?${new URLSearchParams({store})}">group page</a> first.</p>`;
+    return;
+  }
+  $("compare-form").onsubmit = (e) => { e.preventDefault(); load(store, group).catch(G.error); };
+  await load(store, group);
+}
+
+main().catch(G.error);
