@@ -187,6 +187,12 @@ class LearnerConfig(Config):
             return {"estimator": "gagpo", **value}
         return value
 
+    @field_validator("adam_betas", mode="before")
+    @classmethod
+    def _betas_from_list(cls, value: object) -> object:
+        # TOML and --set give a list; strict validation takes only a tuple for a tuple field.
+        return tuple(value) if isinstance(value, list) else value
+
     @field_validator("mini_batches")
     @classmethod
     def _mini_batches_fit(cls, value: int, info: ValidationInfo) -> int:

@@ -149,7 +149,8 @@ def _structure(
         gid=gid,
     )
     ask = (rem == 0) & ~done.to_numpy() & next_state_key.is_not_null().to_numpy()
-    pools = group_states(grouping, gid, state_key, gid[ask], next_state_key.filter(pl.Series(ask)))
+    pools = group_states(grouping, gid, state_key, gid[ask], next_state_key.filter(pl.Series(ask)),
+                         group_id)  # fmt: skip
     pool = pools.pool
     next_pool = next_in_rollout(pool, pos, rem, NO_POOL)
     next_pool[ask] = pools.query_pool

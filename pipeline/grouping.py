@@ -69,6 +69,7 @@ import polars as pl
 from gagpo.pipeline.pools import NO_POOL, pool_ids
 from gagpo.pipeline.scan import INDEX
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.loader import load_object
 
 MODES = ("exact", "normalized", "similar", "minhash")
 MODES_HELP = (
@@ -131,18 +132,19 @@ def parse_grouping(text: str) -> Grouping:
     return Grouping(mode, threshold=tau)
 
 
+class KeyFunctionError(GagpoError):
+    """A user's key function failed, or returned something other than a string. Its message
+    is one line; Polars appends the plan's expression to an error raised inside it."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return text.splitlines()[0] if text else text
+
+
 def load_function(spec: str) -> Callable[[str], str]:
-    """The user's canonical-key function `module:function`, as one error line if missing."""
-    module, _, name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise GagpoError(
-            f"state_grouping normalized:{spec}: cannot load {name!r} from {module!r} ({exc})"
-        ) from None
-    if not callable(fn):
-        raise GagpoError(f"state_grouping normalized:{spec}: {spec} is not callable")
-    return fn
+    """The user's canonical-key function `module:function`, as one error line if missing,
+    or if its module fails to import (a syntax error, an exception, sys.exit)."""
+    return load_object(spec, f"state_grouping normalized:{spec}", "normalized:MODULE:FUNCTION")
 
 
 # --- the pools -------------------------------------------------------------------------
@@ -204,8 +206,10 @@ def group_states(
     state_key: pl.Series,
     query_gid: np.ndarray,
     query_key: pl.Series,
+    group_id: pl.Series | None = None,
 ) -> Pools:
-    """The pools of every row's (group, state_key) and of every query under `grouping`.
+    """The pools of every row's (group, state_key) and of every query under `grouping`;
+    `group_id` (each row's, beside `gid`) names the group a user's key function failed on.
 
     Every mode starts from the exact pools (one hash sort over the rows) and then works on
     one key per exact pool: a group's rollouts revisit states, so there are fewer of them
@@ -219,7 +223,8 @@ def group_states(
     missing = np.flatnonzero(query_pool == NO_POOL)  # queries the group never visited verbatim
     queries = (query_key.gather(missing), query_gid[missing])
     if grouping.mode == "normalized":
-        merged, found, key = _normalized(key, key_gid, grouping.function, *queries)
+        name = _group_namer(gid, group_id)
+        merged, found, key = _normalized(key, key_gid, grouping.function, *queries, name)
     elif grouping.mode == "similar":
         merged, found = _similar(key, key_gid, first, grouping.threshold, *queries)
     else:
@@ -242,6 +247,7 @@ def _normalized(
     function: str | None,
     query_key: pl.Series,
     query_gid: np.ndarray,
+    group_name: Callable[[int], str] = str,
 ) -> tuple[np.ndarray, np.ndarray, pl.Series]:
     """Each exact pool's merged pool (equal canonical keys in a group), the pool of each
     query's canonical key (NO_POOL if none), and the canonical key of each exact pool."""
@@ -249,7 +255,9 @@ def _normalized(
         fast = _compiled("canonical").canonical_keys_fast
         canon, q_canon = fast(key), fast(query_key)
     else:
-        canon, q_canon = _map_distinct(key, load_function(function), query_key)
+        fn = _checked(function, load_function(function), key, key_gid, query_key, query_gid,
+                      group_name)  # fmt: skip
+        canon, q_canon = _map_distinct(key, fn, query_key)
     merged, found = pool_ids(key_gid, canon, query_gid, q_canon)
     rep = _first_rows(merged)  # each (group, canonical key): its first exact pool
     found = np.where(found == NO_POOL, NO_POOL, rep[np.maximum(found, 0)])
@@ -265,6 +273,54 @@ def _map_distinct(
     mapped = pl.Series([fn(k) for k in distinct.to_list()], dtype=pl.String)
     out = both.replace_strict(distinct, mapped, default=None, return_dtype=pl.String)
     return out.head(keys.len()), out.tail(queries.len())
+
+
+def _checked(spec: str, fn: Callable, key: pl.Series, key_gid: np.ndarray, query_key: pl.Series,
+             query_gid: np.ndarray, group_name: Callable[[int], str]) -> Callable[[str], str]:  # fmt: skip
+    """`fn` as user input: an exception it raises (sys.exit included) or a result that is
+    not a string becomes one line naming the function, the error and the group and key it
+    failed on."""
+
+    def where(text: str) -> str:
+        hits = np.flatnonzero((key == text).fill_null(False).to_numpy())
+        g = key_gid[hits[0]] if hits.size else query_gid[np.flatnonzero(
+            (query_key == text).fill_null(False).to_numpy())[0]]  # fmt: skip
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        return f"on group {group_name(int(g))!r} (state_key {shown!r})"
+
+    def call(text: str) -> str:
+        try:
+            out = fn(text)
+        except (Exception, SystemExit) as exc:
+            raise KeyFunctionError(
+                f"state_grouping normalized:{spec} failed {where(text)}: {_error_line(exc)}; "
+                "accepted: a function of one str that returns a str"
+            ) from None
+        if not isinstance(out, str):
+            raise KeyFunctionError(
+                f"state_grouping normalized:{spec} returned {type(out).__name__} "
+                f"{_short(out)} {where(text)}; accepted: a function of one str that returns a str"
+            )
+        return out
+
+    return call
+
+
+def _error_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _group_namer(gid: np.ndarray, group_id: pl.Series | None) -> Callable[[int], str]:
+    """The group_id of a dense group id (computed on a failure only)."""
+    if group_id is None:
+        return lambda g: f"#{g}"
+    return lambda g: str(group_id[int(np.flatnonzero(gid == g)[0])])
 
 
 # --- similar:τ (verl-agent) -------------------------------------------------------------

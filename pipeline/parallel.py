@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -112,7 +113,16 @@ def _call(fn, *args):
 
 
 def _getter(ray, ref):
-    return lambda: ray.get(ref)
+    def get():
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            # Our own one-line error raised in the task: the line, not Ray's traceback of it.
+            if isinstance(exc.cause, GagpoError):
+                raise exc.cause from None
+            raise
+
+    return get
 
 
 def import_ray():
@@ -136,6 +146,8 @@ def ray_session(address: str | None, *, num_cpus: int, namespace: str | None = N
     if ray.is_initialized():  # a caller's own session: use it, leave it
         yield False
         return
+    if address is not None:  # a typo must not wait on Ray's own retries (minutes)
+        probe_address(address)
     with _loopback_only(address is None):
         yield from _session(ray, address, num_cpus, namespace, echo)
 
@@ -146,7 +158,8 @@ def _session(ray, address: str | None, num_cpus: int, namespace: str | None, ech
         options |= {"num_cpus": num_cpus, "include_dashboard": False,
                     "_temp_dir": _ray_temp_dir()}  # fmt: skip
     try:
-        ray.init(address=address, **options)
+        with _bounded_join(address):
+            ray.init(address=address, **options)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         where = "a local instance" if address is None else f"the Ray cluster at {address!r}"
         raise GagpoError(
@@ -160,6 +173,137 @@ def _session(ray, address: str | None, num_cpus: int, namespace: str | None, ech
         yield address is None
     finally:
         ray.shutdown()  # a local instance: its processes end with it
+
+
+# --- a cluster's address, checked before Ray is asked to join it ------------------------------
+
+PROBE_TIMEOUT_S = 5.0  # each step of the probe: resolving, connecting, the gRPC handshake
+JOIN_TIMEOUT_S = 90.0  # ray.init joining a cluster that passed the probe
+ADDRESS_HELP = ("accepted: --ray auto with a running cluster (ray start --head), --ray HOST:PORT "
+                "of its head (port 1-65535, 6379 by default), or --ray alone")  # fmt: skip
+# An HTTP/2 client's connection preface and an empty SETTINGS frame. Ray's GCS (and the Ray
+# Client server of ray://) is a gRPC server: it answers with a SETTINGS frame at once.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_H2_SETTINGS = 0x4
+
+
+def probe_address(address: str) -> None:
+    """One line unless `address` answers as a Ray cluster's head, within a few seconds.
+
+    ray.init on an address where nothing listens, that does not resolve, or whose port is
+    out of range retries for many minutes without a word. So first: parse HOST:PORT ('auto':
+    the cluster Ray would find, $RAY_ADDRESS or the last `ray start` here), resolve the host,
+    connect, and check that a gRPC server answers there (the GCS is one)."""
+    target = address.removeprefix("ray://")
+    if target == "auto":
+        target = _auto_address()
+    host, port = _host_port(address, target)
+    try:
+        infos = _resolve(host, port)
+    except OSError as exc:
+        raise GagpoError(f"--ray {address!r}: host {host!r} does not resolve ({_reason(exc)}); "
+                         f"{ADDRESS_HELP}") from None  # fmt: skip
+    errors = []
+    for family, kind, proto, _, where in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(PROBE_TIMEOUT_S)
+            try:
+                sock.connect(where)
+            except OSError as exc:
+                errors.append(_reason(exc))
+                continue
+            if _speaks_grpc(sock):
+                return
+            raise GagpoError(
+                f"--ray {address!r}: something listens at {host}:{port} but it is not a Ray "
+                f"cluster (no gRPC answer within {PROBE_TIMEOUT_S:g} s); {ADDRESS_HELP}"
+            )
+    raise GagpoError(f"--ray {address!r}: no Ray cluster answers at {host}:{port} "
+                     f"({errors[0] if errors else 'no address'}); {ADDRESS_HELP}")  # fmt: skip
+
+
+def _auto_address() -> str:
+    """What `ray.init('auto')` would join: $RAY_ADDRESS, else the last cluster started here."""
+    from ray._private import services
+
+    try:
+        found = services.canonicalize_bootstrap_address("auto")
+    except (ConnectionError, ValueError) as exc:
+        raise GagpoError(f"--ray 'auto': no running Ray cluster found ({_reason(exc)}); "
+                         f"{ADDRESS_HELP}") from None  # fmt: skip
+    if not found:
+        raise GagpoError(f"--ray 'auto': no running Ray cluster found; {ADDRESS_HELP}")
+    return found
+
+
+def _host_port(address: str, target: str) -> tuple[str, int]:
+    host, sep, port = target.rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise GagpoError(f"--ray {address!r} is not HOST:PORT with a port in 1-65535; "
+                         f"{ADDRESS_HELP}")  # fmt: skip
+    return host, int(port)
+
+
+def _resolve(host: str, port: int) -> list:
+    """getaddrinfo, bounded: a resolver that does not answer would block for long."""
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gagpo-resolve")
+    try:
+        future = pool.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+        return future.result(timeout=2 * PROBE_TIMEOUT_S)
+    except concurrent.futures.TimeoutError:
+        raise OSError(f"no answer from the resolver within {2 * PROBE_TIMEOUT_S:g} s") from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _speaks_grpc(sock: socket.socket) -> bool:
+    """Whether the peer answers an HTTP/2 preface with a SETTINGS frame (gRPC does)."""
+    try:
+        sock.sendall(_H2_PREFACE)
+        head = b""
+        while len(head) < 9:  # a frame header: length (3), type (1), flags (1), stream (4)
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                return False
+            head += chunk
+    except OSError:
+        return False
+    return head[3] == _H2_SETTINGS
+
+
+def _reason(exc: BaseException) -> str:
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+@contextlib.contextmanager
+def _bounded_join(address: str | None):
+    """ray.init joining a cluster, bounded: a head that passed the probe and then never
+    completes the join (Ray retries for minutes, in native code that no signal interrupts)
+    ends the process with one line and exit code 2. Nothing of the run has started yet. A
+    local instance being started is not bounded: a slow machine may need long."""
+    if address is None:
+        yield
+        return
+    import sys
+    import threading
+
+    def give_up() -> None:
+        sys.stderr.write(f"gagpo: error: --ray {address!r}: the Ray cluster did not accept "
+                         f"this driver within {JOIN_TIMEOUT_S:g} s; {ADDRESS_HELP}\n")  # fmt: skip
+        sys.stderr.flush()
+        os._exit(2)
+
+    timer = threading.Timer(JOIN_TIMEOUT_S, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

@@ -8,10 +8,10 @@ its atomic commit): a failure leaves nothing at the destination.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import io
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from gagpo.pipeline.config import EXACT, EstimatorConfig
 from gagpo.pipeline.diagnose import Diagnostics, diagnostics
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError, ValidationError
+from gagpo.schemas.files import atomic_write
 from gagpo.schemas.retry import first_line
 from gagpo.schemas.validate import check_group_owners
 
@@ -151,17 +152,17 @@ def write_advantages(
     check_compression(compression)
     path = check_out(path)
     arrow = _arrow(table, config).replace_schema_metadata(advantages_metadata(config))
-    temp = path.with_name(f".tmp-{uuid.uuid4().hex}-{path.name}")
-    try:
+
+    def write(temp: Path) -> None:
         pq.write_table(arrow, temp, compression=compression, use_dictionary=DICTIONARY_COLUMNS)
-        os.replace(temp, path)
+
+    try:
+        atomic_write(path, write)
     except OSError as exc:  # the file system refused (read-only, /proc, full disk, …)
         raise GagpoError(
             f"--out {str(path)!r} cannot be written ({exc.strerror or exc}); accepted: a file "
             "path in a writable folder"
         ) from None
-    finally:
-        temp.unlink(missing_ok=True)
 
 
 def check_out(path: str | Path) -> Path:
@@ -355,6 +356,7 @@ def _recompute(store, refs, config, tag, summary, kept, owners, done, progress, 
     missing = False
     offset = total - len(refs)
     results = ordered_map(shard_task, refs, args=(store.url, config, run_id, groups), **parallel)
+    written: list[str] = []  # tables this run added (not rewrote): removed if it fails
     try:
         for i, ref in enumerate(refs):
             if progress is not None:
@@ -381,8 +383,17 @@ def _recompute(store, refs, config, tag, summary, kept, owners, done, progress, 
             owners.update(dict.fromkeys(result.groups, ref.shard_id))
             if result.data is None:  # no row of the wanted run or groups in it
                 continue
-            store.commit_bytes(store.advantages_path(tag, ref.shard_id), result.data)
+            path = store.advantages_path(tag, ref.shard_id)
+            if not store.exists(path):
+                written.append(path)
+            store.commit_bytes(path, result.data)
             kept[ref.shard_id] = result.kept
+    except BaseException:
+        # All or nothing: a recompute that fails (a user's key function, an interrupt) leaves
+        # no table of its own beside the ones an earlier complete run wrote.
+        with contextlib.suppress(Exception):
+            store.remove_files(written, "the tables of a failed recompute")
+        raise
     finally:
         results.close()  # an error here: the workers are stopped
     return missing

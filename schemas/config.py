@@ -44,10 +44,12 @@ def gpu_memory_share() -> float | None:
 
 
 class Config(BaseModel):
-    """Base: unknown keys are errors, docstrings become field descriptions."""
+    """Base: unknown keys are errors, docstrings become field descriptions, and values are
+    taken as typed: `groups_in_flight = "4"` or `actors = true` in a recipe is refused, not
+    read as 4 or 1 (strict; an int still fills a float field)."""
 
     model_config = ConfigDict(
-        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True, strict=True
     )
 
 
@@ -209,4 +211,9 @@ def load_config(
     try:
         return model.model_validate(data)
     except PydanticValidationError as exc:
+        if any(error["type"] == "extra_forbidden" for error in exc.errors()):
+            from gagpo.schemas.suggest import check_keys  # a misspelt key: name the closest
+
+            where = f"config file {str(path)!r}" if path else "the settings"
+            check_keys(data, model, where, section or "")
         raise GagpoError(describe_error(exc)) from None

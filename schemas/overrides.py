@@ -43,7 +43,7 @@ def parse_value(raw: str) -> Any:
 
 def nested_models(annotation: Any) -> list[type[BaseModel]] | None:
     """The config models a field holds (several for a union such as the estimator), or
-    None for a free-form table (dict); [] for a plain value."""
+    None for a free-form table (dict, Any); [] for a plain value."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         return nested_models(typing.get_args(annotation)[0])
@@ -52,7 +52,7 @@ def nested_models(annotation: Any) -> list[type[BaseModel]] | None:
         if any(f is None for f in found):
             return None
         return [m for f in found for m in f]
-    if origin is dict or annotation is dict:
+    if origin is dict or annotation is dict or annotation is Any:
         return None
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]

@@ -135,3 +135,13 @@ def test_one_set_option_serves_gagpo_run_too():
     option = next(p for p in command.params if p.name == "sets")
     assert option.metavar == "TABLE.KEY=VALUE" and option.multiple
     assert "TABLE one of run, actors, learner" in option.help and "over the recipe" in option.help
+
+
+def test_a_misspelt_key_in_a_config_file_names_the_closest_one(tmp_path):
+    path = tmp_path / "actors.toml"
+    path.write_text('[actors]\nstore = "s"\n[actors.sampling]\ntop_q = 0.9\n')
+    with pytest.raises(GagpoError) as caught:
+        load_config(ActorConfig, path, section="actors")
+    assert str(caught.value) == (
+        f"config file {str(path)!r} [actors.sampling]: unknown key 'top_q'; did you mean 'top_p'?"
+    )

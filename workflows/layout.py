@@ -33,6 +33,7 @@ from gagpo.schemas.errors import GagpoError
 
 SEED_STRIDE = 1_000_003  # actor i plays task seeds seed + i·stride + k: no two actors share a task
 FULL = 1.0 + 1e-6  # memory shares may add up to the whole GPU (rounding aside), not more
+MAX_GPU_ID = 1023  # a device index; checked in a dry run too, where no GPU is counted
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,9 @@ def _check_ids(run, gpus_visible: int | None) -> None:
         ids = getattr(run, name)
         if any(i < 0 for i in ids):
             raise GagpoError(f"run.{name} = {ids} holds a negative GPU id; accepted: 0, 1, …")
+        if any(i > MAX_GPU_ID for i in ids):
+            raise GagpoError(f"run.{name} holds GPU id {max(ids)}, not a device index; "
+                             f"accepted: ids 0..{MAX_GPU_ID}, one per GPU of a node")  # fmt: skip
         if gpus_visible is not None and ids and max(ids) >= gpus_visible:
             seen = "no GPU is visible" if gpus_visible == 0 else f"{gpus_visible} GPU(s) are visible"
             raise GagpoError(

@@ -106,17 +106,24 @@ def _fewest_nodes(ranks: int, rank_gpu: float, node_gpus: list[float] | None) ->
     return 1  # nothing fits: check_cluster says so in one line
 
 
-def check_cluster(placement: Placement, total: dict[str, float], nodes: list[dict]) -> None:
+# What to ask for less of, when the cluster lacks GPUs or CPUs (a CPU per actor and per rank).
+FEWER = {"GPU": "fewer run.actor_gpus / run.learner_gpus",
+         "CPU": "fewer actors (--actors, [run] actors) or learner ranks"}  # fmt: skip
+
+
+def check_cluster(placement: Placement, total: dict[str, float], nodes: list[dict],
+                  where: str = "the Ray cluster") -> None:  # fmt: skip
     """The placement against a cluster: `total` is `ray.cluster_resources()`, `nodes` each
-    alive node's resources. One line naming what is missing and what is accepted."""
-    have = "; the Ray cluster has " + describe_resources(total, nodes)
+    alive node's resources. One line naming what is missing and what is accepted. GPUs and
+    CPUs alike: a run Ray cannot place would wait, with its placement groups pending."""
+    have = f"; {where} has " + describe_resources(total, nodes)
     need = placement.needs()
-    for key, label in (("GPU", "GPU"), ("CPU", "CPU")):
+    for key in ("GPU", "CPU"):
         if need.get(key, 0.0) > total.get(key, 0.0) + 1e-9:
             raise GagpoError(
-                f"the run needs {need[key]:g} {label}(s) (actors: {_sum(placement.actor_bundles, key):g}, "
-                f"learner: {_sum(placement.learner_bundles, key):g}){have}; accepted: fewer "
-                "run.actor_gpus / run.learner_gpus (or --actors), or a larger cluster"
+                f"the run needs {need[key]:g} {key}(s) (actors: {_sum(placement.actor_bundles, key):g}, "
+                f"learner: {_sum(placement.learner_bundles, key):g}){have}; accepted: "
+                f"{FEWER[key]}, or a larger cluster"
             )
     per_node = placement.learner_bundles[0]
     for key in ("GPU", "CPU"):

@@ -99,9 +99,13 @@ _PRCTL = _libc_prctl()  # looked up before fork: the child only calls it
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the host process dies, however it dies."""
+    """In the child, before exec: SIGKILL when the host process dies, however it dies; and
+    SIGINT deliverable again. Ray starts its processes with SIGINT blocked, a mask its
+    workers pass on through exec, so without this a learner would never see the SIGINT that
+    stops it between updates (it would be killed after stop_timeout_s instead)."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @dataclass
@@ -271,7 +275,6 @@ def _flags(cmd: list[str]) -> str:
 # --- the driver ------------------------------------------------------------------------------
 
 
-RESTARTS_DIR = "ray"  # STORE/ray/restarts-<run id>.parquet: one file per gagpo run --ray
 RESTART_COLUMNS = ("process", "incarnation", "run_id", "cause", "at")
 
 
@@ -281,9 +284,16 @@ def cluster_resources(ray) -> tuple[dict[str, float], list[dict]]:
     return dict(ray.cluster_resources()), nodes
 
 
+def local_cpus() -> int:
+    """The CPUs of a local instance started for a run: this machine's. Ray places a process
+    per CPU of its bundle, so a plan of more processes than that is refused (check_cluster)
+    rather than started on an instance that pretends to hold it."""
+    return os.cpu_count() or 1
+
+
 def local_resources() -> tuple[dict[str, float], list[dict]]:
-    """What a local instance started here would have, read without starting Ray: the CPUs
-    run_on_ray gives it (at least this machine's) and the GPUs Ray itself would detect."""
+    """What a local instance started here would have, read without starting Ray: this
+    machine's CPUs (`local_cpus`) and the GPUs Ray itself would detect."""
     gpus = 0.0
     with contextlib.suppress(Exception):
         from ray._private.accelerators import get_accelerator_manager_for_resource
@@ -291,7 +301,7 @@ def local_resources() -> tuple[dict[str, float], list[dict]]:
         gpus = float(
             get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators()
         )
-    node = {"CPU": float(os.cpu_count() or 1), "GPU": gpus}
+    node = {"CPU": float(local_cpus()), "GPU": gpus}
     return dict(node), [node]
 
 
@@ -300,8 +310,6 @@ def _resources(address: str | None, config, plan: Plan):
     read, then left), or this machine for a local instance (Ray not started)."""
     if address is None:
         total, nodes = local_resources()
-        cpus = max(total["CPU"], placement_cpus(place(plan, config.learner_nodes)))
-        total["CPU"] = nodes[0]["CPU"] = cpus
     else:
         from gagpo.pipeline.parallel import ray_session
 
@@ -317,26 +325,26 @@ def _place_on(plan: Plan, config, nodes: list[dict]) -> Placement:
     return place(plan, config.learner_nodes, [n.get("GPU", 0.0) for n in nodes])
 
 
-def placement_cpus(placement: Placement) -> float:
-    return placement.needs().get("CPU", 0.0)
-
-
 def check_on_ray(plan: Plan, config, address: str | None) -> None:
     """Before anything starts: the cluster (or this machine) can hold the placement."""
     placement, total, nodes = _resources(address, config, plan)
-    check_cluster(placement, total, nodes)
+    check_cluster(placement, total, nodes, _where(address))
 
 
-def describe_on_ray(plan: Plan, config, address: str | None) -> str:
-    """`gagpo run --dry-run --ray`: the placement, checked, and nothing started."""
+def _where(address: str | None) -> str:
+    return "this machine (for a local Ray instance)" if address is None else "the Ray cluster"
+
+
+def describe_on_ray(plan: Plan, config, address: str | None, echo) -> None:
+    """`gagpo run --dry-run --ray`: the placement, then its check (one line, as the run
+    would refuse it), and nothing started."""
     placement, total, nodes = _resources(address, config, plan)
     where = "this machine (no Ray started)" if address is None else f"the cluster at {address}"
-    text = describe(plan, placement, f"{where}: {describe_resources(total, nodes)}")
+    echo(describe(plan, placement, f"{where}: {describe_resources(total, nodes)}"))
     try:
-        check_cluster(placement, total, nodes)
+        check_cluster(placement, total, nodes, _where(address))
     except GagpoError as exc:
-        return f"{text}\ncannot be placed: {exc}"
-    return text
+        raise GagpoError(f"cannot be placed: {exc}") from None
 
 
 @dataclass
@@ -346,6 +354,8 @@ class _Held:
     rank: int | None = None  # a learner rank; None for an actor
     poll: object = None  # the poll in flight
     gone: bool = False
+    last: str = ""  # the last line its process printed
+    code: int | None = None  # its process's exit code, once gone after exiting by itself
 
 
 def run_on_ray(plan: Plan, config, echo, *, address: str | None, store: str, run_id: str) -> int:
@@ -354,14 +364,13 @@ def run_on_ray(plan: Plan, config, echo, *, address: str | None, store: str, run
     returning, interrupted or not; the restarts are written to the store."""
     from gagpo.pipeline.parallel import ray_session
 
-    cpus = max(os.cpu_count() or 1, int(placement_cpus(place(plan, config.learner_nodes))))
-    with ray_session(address, num_cpus=cpus, namespace=NAMESPACE, echo=echo):
+    with ray_session(address, num_cpus=local_cpus(), namespace=NAMESPACE, echo=echo):
         import ray
 
         check_store_shared(ray, store)
         total, nodes = cluster_resources(ray)
         placement = _place_on(plan, config, nodes)
-        check_cluster(placement, total, nodes)
+        check_cluster(placement, total, nodes, _where(address))
         return _run_placed(ray, plan, placement, config, echo, store, run_id)
 
 
@@ -541,6 +550,8 @@ def _supervise(ray, held: list[_Held], learner: _Learner, config, echo) -> int:
                 continue
             for line in state.lines:
                 echo(f"[{h.label}] {line}")
+                if line.strip() and not line.startswith("(ray) "):
+                    h.last = line.strip()
             if state.returncode is None:
                 continue
             if h.rank is not None:
@@ -548,15 +559,26 @@ def _supervise(ray, held: list[_Held], learner: _Learner, config, echo) -> int:
                     return code
                 continue
             if state.incarnation >= config.actor_restarts:
-                h.gone = True
+                h.gone, h.code = True, state.returncode
                 echo(f"[{h.label}] (ray) exited with {state.returncode}; no restart left")
                 if all(x.gone for x in actors):
+                    if all(x.code for x in actors):  # each said why: that is the run's line
+                        raise GagpoError(_actors_failed(actors))
                     echo("ray: every actor is gone; the learner is stopped")
                     return 1
                 continue
             echo(f"[{h.label}] (ray) exited with {state.returncode}; restarting it")
             h.poll = h.handle.restart.remote()
         time.sleep(POLL_S)
+
+
+def _actors_failed(actors: list[_Held]) -> str:
+    said: dict[str, list[str]] = {}
+    for h in actors:
+        said.setdefault(f"exited with {h.code}: {h.last or 'no output'}", []).append(h.label)
+    why = "; ".join(f"{', '.join(who)} {what}" for what, who in said.items())
+    return (f"every actor exited with an error (restarts included), so the learner was "
+            f"stopped; {why}")  # fmt: skip
 
 
 def _stop_all(ray, held: list[_Held], config, echo) -> None:
@@ -587,7 +609,9 @@ def _restarts_text(events: list[dict]) -> str:
 
 
 def restarts_path(store, run_id: str) -> str:
-    return store.path(RESTARTS_DIR, f"restarts-{run_id}.parquet")
+    from gagpo.schemas import layout
+
+    return layout.restarts(store.root, run_id)
 
 
 def write_restarts(store_url: str, run_id: str, events: list[dict]) -> None:

@@ -24,10 +24,12 @@ from pydantic import Field
 from gagpo.schemas.config import ActorConfig, Config, load_config, read_toml
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import merge, parse_sets, split_sections
+from gagpo.schemas.suggest import check_keys, unknown
 from gagpo.workflows.recipes import shipped as shipped_recipes
 from gagpo.workflows.warmstart import WarmstartConfig, warmstart
 
 SUMMARY_ROWS = 15  # rows of the printed per-version table, at most
+WATCH_S = 1.0  # seconds between two checks of the actors while the learner runs
 
 
 class RunConfig(Config):
@@ -88,6 +90,63 @@ def shipped() -> str:
     return ", ".join(shipped_recipes())
 
 
+REQUIRED_TABLES = ("run", "actors", "learner")  # and optionally [warmstart]
+
+
+def check_recipe(path: Path) -> None:
+    """The recipe's tables before any is loaded: each one known ([warmstrat] is refused,
+    naming [warmstart], rather than left out of the run), the required ones present, and
+    every key of every table a field of its model (a misspelt key names the closest one)."""
+    from gagpo.learner.config import LearnerConfig
+
+    models = {"run": RunConfig, "actors": ActorConfig, "learner": LearnerConfig,
+              "warmstart": WarmstartConfig}  # fmt: skip
+    data = read_toml(path)
+    where = f"recipe {str(path)!r}"
+    for name, table in data.items():
+        if name not in models:
+            raise GagpoError(f"{where}: {unknown(name, list(models), 'table', _table)}")
+        if not isinstance(table, dict):
+            raise GagpoError(f"{where}: '{name}' must be a table ([{name}]), not {table!r}")
+        check_keys(table, models[name], where, name)
+    missing = [name for name in REQUIRED_TABLES if name not in data]
+    if missing:
+        raise GagpoError(
+            f"{where} has no {_table(missing[0])} table; accepted: a recipe with the tables "
+            "[run], [actors] and [learner] (and optionally [warmstart]), as the shipped ones "
+            f"({shipped()})"
+        )
+
+
+def _table(name: str) -> str:
+    return f"[{name}]"
+
+
+def load_table(model, path: Path, table: str, overrides: dict, sets: list[str]):
+    """A recipe's table as its config model; an error names the table (and --set, when
+    that table was overridden)."""
+    try:
+        return load_config(model, path, section=table, overrides=overrides)
+    except GagpoError as exc:
+        given = " with --set" if sets else ""
+        raise GagpoError(f"recipe {str(path)!r} [{table}]{given}: {exc}") from None
+
+
+def check_store_path(store: str) -> None:
+    """A local store is a folder, or a path where one can be made: a path that is (or
+    lies under) a file is refused, as the run would refuse it, without creating anything."""
+    if "://" in store and not store.startswith("file://"):
+        return  # an object store: the run checks it when it writes
+    path = Path(store.removeprefix("file://")).expanduser()
+    for here in (path, *path.parents):
+        if here.exists():
+            if not here.is_dir():
+                what = "is a file" if here == path else f"lies under the file {str(here)!r}"
+                raise GagpoError(f"store {store!r} {what}; accepted: a folder (created when "
+                                 "missing) or an fsspec URL (s3://…)")  # fmt: skip
+            return
+
+
 def warmstart_config(path: Path, actor_cfg: ActorConfig) -> WarmstartConfig | None:
     """The recipe's [warmstart] table, or None. What shapes the prompts (environment,
     policy, turn limit, history window, prompt budget) defaults to the [actors] table's,
@@ -105,7 +164,10 @@ def warmstart_config(path: Path, actor_cfg: ActorConfig) -> WarmstartConfig | No
         "history_window": actor_cfg.history_window,
         "max_prompt_tokens": actor_cfg.sampling.max_prompt_tokens,
     }
-    return load_config(WarmstartConfig, overrides={**inherited, **table})
+    try:
+        return load_config(WarmstartConfig, overrides={**inherited, **table})
+    except GagpoError as exc:
+        raise GagpoError(f"recipe {str(path)!r} [warmstart]: {exc}") from None
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -128,22 +190,25 @@ def run(
     `sets` are `--set` items TABLE.KEY=VALUE (TABLE: run, actors, learner), passed on to
     each process."""
     path = recipe_path(recipe)
+    check_recipe(path)
     by_table = split_sections(sets, ("run", "actors", "learner"))
     run_sets = parse_sets(by_table["run"], RunConfig)
-    config = load_config(
-        RunConfig, path, section="run", overrides=merge(run_sets, {"actors": actors})
-    )
-    # Validate the other tables now, so a bad recipe fails before any process starts.
+    config = load_table(RunConfig, path, "run", merge(run_sets, {"actors": actors}),
+                        by_table["run"])  # fmt: skip
+    # Validate the other tables now, so a bad recipe fails before any process starts; a
+    # dry run checks all that the run checks before it starts anything.
     from gagpo.learner.config import LearnerConfig
 
     actor_sets = parse_sets(by_table["actors"], ActorConfig)
     learner_sets = parse_sets(by_table["learner"], LearnerConfig)
-    actor_cfg = load_config(
-        ActorConfig, path, section="actors", overrides=actor_sets | {"store": store}
-    )
-    learner_cfg = load_config(
-        LearnerConfig, path, section="learner", overrides=learner_sets | {"store": store}
-    )
+    actor_cfg = load_table(ActorConfig, path, "actors", actor_sets | {"store": store},
+                           by_table["actors"])  # fmt: skip
+    learner_cfg = load_table(LearnerConfig, path, "learner", learner_sets | {"store": store},
+                             by_table["learner"])  # fmt: skip
+    check_store_path(store)
+    from gagpo.actors.envs import check_env
+
+    check_env(actor_cfg.env, dict(actor_cfg.env_options))
     actor_args = [arg for item in by_table["actors"] for arg in ("--set", item)]
     learner_args = [arg for item in by_table["learner"] for arg in ("--set", item)]
     if config.eval_groups and not learner_cfg.keep_every:  # keep what will be evaluated
@@ -171,7 +236,7 @@ def run(
         else:  # where Ray would put it (workflows/ray_run.py)
             from gagpo.workflows.ray_run import describe_on_ray
 
-            echo(describe_on_ray(plan(warm_flags), config, ray_address))
+            describe_on_ray(plan(warm_flags), config, ray_address, echo)
         return 0
     plan([])  # an impossible layout fails before the warm start is built
     if ray is not None:  # and one the Ray cluster cannot hold
@@ -207,6 +272,7 @@ def run(
     if code in (0, EXIT_STOPPED_EARLY):  # stopped early: the learner said why; show what ran
         echo(summary(store))
         echo(after_run(store, config, actor_cfg, learner_cfg.estimator, echo))
+        echo(f"browse it (pip install 'gagpo[view]'): gagpo view --store {store}")
         if ray is not None:  # the restarts, as recorded in the store
             from gagpo.workflows.ray_run import restarts_line
 
@@ -236,7 +302,14 @@ def _run_processes(plan, config: RunConfig, echo) -> int:
         p = plan.learner
         learner = _labelled(p.command, {**os.environ, **p.env}, p.label, echo)
         echo(f"learner started (pid {learner.pid})")
-        return learner.wait()
+        while True:
+            try:
+                return learner.wait(timeout=WATCH_S)
+            except subprocess.TimeoutExpired:
+                pass
+            # Without an actor the learner waits for data (or for v0) that never comes.
+            if actor_procs and all(proc.poll() for proc in actor_procs):
+                raise GagpoError(actors_failed(actor_procs, [a.label for a in plan.actors]))
     finally:
         # Interrupted or done: the learner finishes (SIGINT: it stops between updates,
         # nothing torn), then the actors commit their groups and exit (SIGTERM).
@@ -245,19 +318,36 @@ def _run_processes(plan, config: RunConfig, echo) -> int:
         _stop(actor_procs, config.stop_timeout_s, signal.SIGTERM)
 
 
+def actors_failed(procs: list[subprocess.Popen], labels: list[str]) -> str:
+    """One line for a run whose actors have all exited with an error: each distinct last
+    line they printed (their own one-line error), with the actors that printed it."""
+    said: dict[str, list[str]] = {}
+    for proc, label in zip(procs, labels, strict=True):
+        proc.relay.join(timeout=5)  # the last lines reach the console first
+        said.setdefault(f"exited with {proc.returncode}: {proc.last_line or 'no output'}",
+                        []).append(label)  # fmt: skip
+    why = "; ".join(f"{', '.join(who)} {what}" for what, who in said.items())
+    return f"every actor exited with an error, so the learner was stopped; {why}"
+
+
 def _labelled(cmd: list[str], env: dict, label: str, echo) -> subprocess.Popen:
     """Start `cmd` with its output relayed line by line, each line prefixed `[label]`, so
-    the actors and the learner read together on one console."""
+    the actors and the learner read together on one console. The process keeps its relay
+    thread (`relay`) and the last line it printed (`last_line`)."""
     proc = subprocess.Popen(
         cmd, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
     )  # fmt: skip
+    proc.last_line = ""
 
     def relay() -> None:
         for line in proc.stdout:
+            if line.strip():
+                proc.last_line = line.strip()
             echo(f"[{label}] {line.rstrip()}")
 
-    threading.Thread(target=relay, name=f"relay-{label}", daemon=True).start()
+    proc.relay = threading.Thread(target=relay, name=f"relay-{label}", daemon=True)
+    proc.relay.start()
     return proc
 
 
@@ -373,9 +463,10 @@ def after_run(store: str, config: RunConfig, actor_cfg: ActorConfig, estimator, 
 
 def report_dir(store: str) -> Path:
     """Where the run's report goes: STORE/report/, or ./gagpo-report for a remote store."""
+    from gagpo.schemas import layout
     from gagpo.schemas.store import Store
 
-    return Path(store) / "report" if Store(store).is_local else Path("gagpo-report")
+    return Path(layout.report_dir(store)) if Store(store).is_local else Path("gagpo-report")
 
 
 def report(store: str) -> str:
