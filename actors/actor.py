@@ -113,6 +113,8 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
         policy = load_policy(config.policy, version=0, sampling=config.sampling,
                              device=config.device, backend=config.backend, stop=stop_strings,
                              vllm=config.vllm, seed=config.seed)  # fmt: skip
+    if stop_strings == ():  # replies that span lines (agents): the HF backend stops at EOS only
+        policy.stop_at_newline = False
     # Version 0 lives in the store too: learners start from exactly these weights.
     store.publish_base_policy(str(policy.model_dir))
     continuous = hasattr(policy, "submit") and not config.expert
@@ -244,8 +246,10 @@ def _newest_policy(store: Store, policy, config: ActorConfig):
         try:
             local = store.fetch_policy(latest, str(policy_cache_dir()))
             # vLLM: the running engine loads the new weights (or adapter) in place
-            return load_version(policy, Path(local), latest, sampling=config.sampling,
-                                device=config.device)  # fmt: skip
+            fresh = load_version(policy, Path(local), latest, sampling=config.sampling,
+                                 device=config.device)  # fmt: skip
+            fresh.stop_at_newline = getattr(policy, "stop_at_newline", True)
+            return fresh
         except (FileNotFoundError, GagpoError):
             if store.has_policy(latest):
                 raise  # the version is there: a real problem, not a race with pruning

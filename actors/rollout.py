@@ -33,6 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import count
+from typing import Any
 
 from gagpo.actors.envs.base import Environment
 from gagpo.actors.policies.base import PolicyBackend, Sample, request_seed
@@ -105,6 +106,10 @@ class _Rollout:
     step: int = 0
     ended: bool = False
     won: bool = False
+    # An agent's call (actors/envs/agent.py): the prompt is its own messages, and the
+    # reply goes back to it whole; `rows` are its steps' rows (turn rewards come last).
+    chat: Any = None
+    rows: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -199,9 +204,10 @@ class Rollouts:
         self._ready = []
         if not ready:
             return
+        prompts = {id(r): self._prompt(r) for r in ready}
+        ready = [r for r in ready if r.group.lost is None]  # an agent's chat may be refused
         version = self.policy.version
         t0 = time.perf_counter()
-        prompts = {id(r): self._prompt(r) for r in ready}
         samples: dict[int, Sample] = {}
         sampled = [r for r in ready if r.group.task.demonstrator is None]
         if sampled:
@@ -226,8 +232,10 @@ class Rollouts:
         if not hold:
             version = self.policy.version
             for r in sorted(self._ready, key=lambda r: (r.group.task.index, r.j)):
-                key = f"{self.run_id}-{next(self._ids)}"
                 prompt = self._prompt(r)
+                if prompt is None:  # an agent's chat its template refused: the group is lost
+                    continue
+                key = f"{self.run_id}-{next(self._ids)}"
                 seed = request_seed(r.group.task.sampling_seed + r.step, r.j)
                 self.policy.submit(key, prompt, seed=seed)  # type: ignore[attr-defined]
                 self._requests[key] = (r, prompt, version)
@@ -244,14 +252,29 @@ class Rollouts:
 
     # -- environment calls -------------------------------------------------------------
 
-    def _prompt(self, r: _Rollout) -> list[int]:
+    def _prompt(self, r: _Rollout) -> list[int] | None:
+        if r.group.lost is not None:
+            return None
+        if r.chat is not None:  # an agent's messages and tools, through the chat template
+            try:
+                return r.chat.encode(self.policy)
+            except Exception as exc:  # e.g. roles a template refuses: this group alone is lost
+                self._lose(r.group, f"the chat template refused the agent's call: {exc}")
+                if r.group.outstanding == 0 and r.group in self._groups:
+                    self._groups.remove(r.group)
+                    self._lanes.append(r.group.lane)
+                return None
         messages = build_messages(
             r.group.instructions, r.history, r.observation, r.admissible, self.history_window
         )
         return self.policy.encode_chat(messages)
 
     def _send(self, r: _Rollout, prompt: list[int], sample: Sample, version: int) -> None:
-        action = parse_action(sample.text, r.admissible)
+        if r.chat is not None:  # the agent gets the reply as an OpenAI chat completion
+            sample = r.chat.fit(sample, self.policy)
+            action = r.chat.respond(prompt, sample, version, self.policy)
+        else:
+            action = parse_action(sample.text, r.admissible)
         self._call(self.slots.step(r.slot, action), r, _Reply(r, prompt, sample, version))
 
     def _call(self, future: Future, r: _Rollout, reply: _Reply | None) -> None:
@@ -291,6 +314,7 @@ class Rollouts:
     def _started(self, r: _Rollout, started: Started) -> None:
         first, group = started.reset, r.group
         r.observation, r.state_key, r.admissible = first.observation, first.state_key, first.admissible
+        r.chat = getattr(first, "chat", None)
         group.env_name, group.instructions = started.env_name, started.instructions
         group.started += 1
         if group.started < self.group_size:
@@ -330,8 +354,12 @@ class Rollouts:
         }
         for name, value in row.items():
             group.columns[name].append(value)
+        r.rows.append(len(group.columns[C.STEP]) - 1)
+        for i, reward in zip(r.rows, getattr(tr, "turn_rewards", None) or (), strict=False):
+            group.columns[C.REWARD][i] = reward  # an agent's per-turn rewards, known at its end
         r.history.append((r.observation, sample.text))
         r.observation, r.state_key, r.admissible = tr.observation, tr.next_state_key, tr.admissible
+        r.chat = getattr(tr, "chat", None)
         r.step += 1
         r.ended = tr.done or tr.truncated
         r.won = tr.won

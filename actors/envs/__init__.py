@@ -21,6 +21,7 @@ import inspect
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
+from gagpo.actors.envs.agent import AgentEnv, AgentHTTPEnv, is_agent
 from gagpo.actors.envs.alfworld_env import ALFWorld
 from gagpo.actors.envs.base import Environment
 from gagpo.actors.envs.gem_env import GemEnv
@@ -52,12 +53,16 @@ FAMILIES: dict[str, type] = {
     "gem/": GemEnv,
     "reasoning_gym/": ReasoningGymEnv,
     "openenv+": OpenEnvHTTP,
+    "agent:": AgentEnv,  # your own agent, in this process (actors/envs/agent.py)
+    "agent+": AgentHTTPEnv,  # agent+http: an agent in another process
 }
 FAMILY_PATTERNS = (
     "textarena/<game>",
     "gem/<env id>",
     "reasoning_gym/<dataset>",
     "openenv+http://HOST:PORT",
+    "agent:MODULE:FUNCTION",
+    "agent+http",
 )
 
 
@@ -129,6 +134,30 @@ def _is_native(target: object) -> bool:
         return False
 
 
+def check_env(name: str, options: dict) -> None:
+    """What `make_env` checks before it builds anything, without building (no game is
+    generated, no library imported): the name is known and the options are taken; an entry
+    point is loaded. `gagpo run` (and its --dry-run) checks the recipe's environment so."""
+    if name in ENVIRONMENTS:
+        _check_options(name, ENVIRONMENTS[name], options, ())
+        return
+    family = _family(name)
+    if family is not None:
+        _check_options(name, family[0], options, ())
+        if hasattr(family[0], "check"):  # agents: the function loads, the options are valid
+            family[0].check(family[1], options)
+        return
+    ep, target = _plugin(name)
+    if not callable(target):
+        raise GagpoError(
+            f"environment {name!r} (entry point '{ep.value}') is not a class or factory"
+        )
+    if is_agent(target):
+        AgentEnv(target, max_turns=1, name=name, **options)
+        return
+    _check_options(name, target, options, () if _is_native(target) else ADAPTER_OPTIONS)
+
+
 def make_env(name: str, max_turns: int, **options: object) -> Environment:
     """A fresh environment `name` that truncates episodes after `max_turns` turns;
     `options` are the environment's own keyword arguments (for a Gymnasium-style
@@ -150,6 +179,8 @@ def make_env(name: str, max_turns: int, **options: object) -> Environment:
         raise GagpoError(
             f"environment {name!r} (entry point '{ep.value}') is not a class or factory"
         )
+    if is_agent(target):  # an entry point naming `async def agent(client, task)`
+        return AgentEnv(target, max_turns=max_turns, name=name, **options)  # type: ignore[return-value]
     if _is_native(target):
         _check_options(name, target, options, ())
         env = target(max_turns=max_turns, **options)

@@ -73,6 +73,10 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
 class HFPolicy:
     """A Hugging Face causal LM loaded from a local folder (CPU float32, CUDA bfloat16)."""
 
+    # A reply is one command and ends with its line; agents' replies span lines (the actor
+    # turns this off for environments whose `stop_strings` are empty: actors/envs/agent.py).
+    stop_at_newline = True
+
     def __init__(
         self,
         model_dir: Path,
@@ -244,7 +248,10 @@ class HFPolicy:
             logprobs.append(tempered.gather(-1, token[:, None]).squeeze(-1))
             alive.append(~finished)
             started |= self._visible[token]
-            finished |= torch.isin(token, eos) | (self._newline[token] & started)
+            stop = torch.isin(token, eos)
+            if self.stop_at_newline:
+                stop |= self._newline[token] & started
+            finished |= stop
             if step + 1 == self.sampling.max_new_tokens or bool(finished.all()):
                 break
             token = token.masked_fill(finished, self.pad_id)  # finished rows idle on padding

@@ -1,0 +1,338 @@
+"""The actor's agent endpoint: a loopback OpenAI-compatible server, one per actor process.
+
+Each rollout of an agent environment (actors/envs/agent.py) opens a *rollout* here and
+gets its own base URL, `http://127.0.0.1:PORT/r/<token>/v1`, so the calls of one rollout
+are tied together without a field of the agent's own. The server answers nothing by
+itself: a `POST .../chat/completions` is checked (actors/openai_chat.py), handed to the
+rollout's environment slot as an event, and held until the rollout loop has sampled the
+reply with the actor's policy (whatever its backend and batching) and the slot answers it.
+
+    POST /r/<token>/v1/chat/completions   one turn of that rollout
+    GET  /r/<token>/v1/models, /v1/models  the one model served
+    POST /gagpo/v1/rollouts                agent+http: wait for a rollout to play; its base URL
+    POST /gagpo/v1/rollouts/<token>/end    agent+http: close it with its reward
+
+Threads: uvicorn serves on a loop of its own; in-process agents run on another (a
+blocking agent then stalls the other agents, never the server); environment slots block
+on a rollout's event queue. Starlette + uvicorn are the `view` extra's server already
+(gagpo view); `openai` and they form the `agent` extra, imported when the first rollout opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from gagpo.actors.openai_chat import Call, RequestError, read_request
+from gagpo.schemas.errors import GagpoError
+
+
+@dataclass(frozen=True)
+class Turn:
+    """An agent's call, waiting for its reply (`Endpoint.answer`)."""
+
+    call: Call
+    future: asyncio.Future
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The agent returned (in-process) or closed its rollout (agent+http) with `result`."""
+
+    result: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The agent raised, or an external agent gave up; `line` says why."""
+
+    line: str
+
+
+class RolloutClosed(Exception):
+    """The rollout ended (its group was lost, its turn limit reached) while a call waited."""
+
+
+@dataclass(eq=False)
+class Rollout:
+    token: str
+    model: str
+    base_url: str
+    key_fn: Callable[[list[dict]], str] | None
+    task: dict  # what an external agent receives when it claims the rollout
+    events: queue.Queue = field(default_factory=queue.Queue)  # Turn | Ended | Failed
+    turns: int = 0
+    pending: asyncio.Future | None = None
+    closed: str | None = None  # why, once closed
+    agent: Future | None = None  # the in-process agent's task
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+class Endpoint:
+    """The loopback server and the rollouts open on it; see the module docstring."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._rollouts: dict[str, Rollout] = {}
+        self._lock = threading.Lock()
+        self._seats: asyncio.Queue | None = None  # agent+http: rollouts waiting for an agent
+        self._client = None  # the agents' shared openai client (each rollout copies it)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and
+        # without it every reply waits ~40 ms on Nagle and delayed ACKs.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise GagpoError(
+                f"the agent endpoint cannot listen on {host}:{port}: {exc.strerror}"
+            ) from None
+        self.url = f"http://{host}:{sock.getsockname()[1]}"
+        self._serve(sock)
+        self.agents_loop = asyncio.new_event_loop()
+        threading.Thread(target=self.agents_loop.run_forever, name="agents", daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(self._app(), log_level="warning", lifespan="off",
+                                access_log=False, server_header=False)  # fmt: skip
+        self._server = uvicorn.Server(config)
+        ready = threading.Event()
+
+        async def serve() -> None:
+            self.loop = asyncio.get_running_loop()
+            self._seats = asyncio.Queue()
+            ready.set()
+            await self._server.serve(sockets=[sock])
+
+        threading.Thread(
+            target=asyncio.run, args=(serve(),), name="agent-endpoint", daemon=True
+        ).start()
+        ready.wait(10)
+        deadline = time.monotonic() + 10
+        while not self._server.started and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not self._server.started:
+            raise GagpoError(f"the agent endpoint did not start on {self.url}")
+
+    # -- rollouts (called from environment slots) ----------------------------------------
+
+    def open(self, *, model: str, key_fn=None, task: dict | None = None) -> Rollout:
+        token = secrets.token_hex(8)
+        rollout = Rollout(token, model, f"{self.url}/r/{token}/v1", key_fn, task or {})
+        with self._lock:
+            self._rollouts[token] = rollout
+        return rollout
+
+    def start_agent(self, rollout: Rollout, agent, task) -> None:
+        """Run `agent(client, task)` on the agents' loop; its end becomes an event."""
+        rollout.agent = asyncio.run_coroutine_threadsafe(
+            self._play(rollout, agent, task), self.agents_loop
+        )
+
+    def offer(self, rollout: Rollout) -> None:
+        """agent+http: make `rollout` claimable by `POST /gagpo/v1/rollouts`."""
+        self.loop.call_soon_threadsafe(self._seats.put_nowait, rollout)  # type: ignore[union-attr]
+
+    def answer(self, turn: Turn, reply: dict) -> None:
+        """Reply to a held call (from the slot's thread)."""
+        self.loop.call_soon_threadsafe(_settle, turn.future, reply, None)
+
+    def close(self, rollout: Rollout, why: str) -> None:
+        """End a rollout: a call it holds gets a 409 with `why`, its agent is cancelled, and
+        its URL answers 404 from now on."""
+        with self._lock:
+            if rollout.closed is not None:
+                return
+            rollout.closed = why
+            self._rollouts.pop(rollout.token, None)
+        if rollout.agent is not None:
+            rollout.agent.cancel()
+        self.loop.call_soon_threadsafe(self._fail_pending, rollout)
+
+    def _fail_pending(self, rollout: Rollout) -> None:
+        if rollout.pending is not None:
+            _settle(rollout.pending, None, RolloutClosed(rollout.closed))
+
+    async def _play(self, rollout: Rollout, agent, task) -> None:
+        import openai
+
+        if self._client is None or self._client._client.is_closed:
+            # One HTTP client for all agents (making one costs ~0.1 s); no proxy for loopback.
+            self._client = openai.AsyncOpenAI(
+                base_url=self.url, api_key="gagpo", max_retries=0, timeout=3600.0,
+                http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+            )  # fmt: skip
+        client = self._client.with_options(base_url=rollout.base_url)
+        try:
+            result = await agent(client, task)
+        except asyncio.CancelledError:
+            return  # closed by its environment: nobody waits for an event
+        except BaseException as exc:  # the agent's failure loses its group, nothing more
+            rollout.events.put(Failed(f"agent raised {one_line(exc)}"))
+            return
+        rollout.events.put(Ended(result))
+
+    # -- the server (its own loop) --------------------------------------------------------
+
+    def _app(self):
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        return Starlette(routes=[
+            Route("/r/{token}/v1/chat/completions", self._completions, methods=["POST"]),
+            Route("/r/{token}/v1/models", self._models, methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/gagpo/v1/rollouts", self._claim, methods=["POST"]),
+            Route("/gagpo/v1/rollouts/{token}/end", self._end, methods=["POST"]),
+        ])  # fmt: skip
+
+    def _rollout(self, request) -> Rollout | None:
+        return self._rollouts.get(request.path_params.get("token", ""))
+
+    async def _models(self, request):
+        from starlette.responses import JSONResponse
+
+        rollout = self._rollout(request)
+        names = (
+            [rollout.model] if rollout else sorted({r.model for r in list(self._rollouts.values())})
+        )
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "gagpo"} for name in names
+        ]})  # fmt: skip
+
+    async def _completions(self, request):
+        from starlette.responses import JSONResponse
+
+        rollout = self._rollout(request)
+        if rollout is None:
+            return _error(404, "no open rollout at this URL (it ended, or its group was lost)")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the request body is not JSON")
+        try:
+            call = read_request(
+                body, model=rollout.model, turn=rollout.turns, key_fn=rollout.key_fn
+            )
+        except RequestError as exc:
+            return _error(exc.status, str(exc))
+        except Exception as exc:  # a state_key callback that raised: the agent's to fix
+            return _error(400, f"the state_key callback raised {one_line(exc)}")
+        if rollout.pending is not None:
+            return _error(
+                409, "this rollout already has a call in progress; a rollout's calls are sequential"
+            )
+        if rollout.closed is not None:
+            return _error(409, f"the rollout ended: {rollout.closed}")
+        future = asyncio.get_running_loop().create_future()
+        rollout.pending, rollout.turns = future, rollout.turns + 1
+        rollout.events.put(Turn(call, future))
+        try:
+            reply = await future
+        except RolloutClosed as exc:
+            return _error(409, f"the rollout ended: {exc}")
+        finally:
+            rollout.pending = None
+        return JSONResponse(reply)
+
+    async def _claim(self, request):
+        from starlette.responses import JSONResponse
+
+        try:
+            body = await request.json() if await request.body() else {}
+        except ValueError:
+            return _error(400, "the request body is not JSON")
+        wait_s = body.get("wait_s", 30.0) if isinstance(body, dict) else None
+        if (
+            not isinstance(wait_s, int | float)
+            or isinstance(wait_s, bool)
+            or not 0 <= wait_s <= 3600
+        ):
+            return _error(400, "wait_s must be a number of seconds in [0, 3600]")
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                rollout = await asyncio.wait_for(
+                    self._seats.get(), max(0.0, deadline - time.monotonic())
+                )  # type: ignore[union-attr]
+            except TimeoutError:
+                return _error(503, f"no rollout waited to be played within {wait_s} s; ask again")
+            if rollout.closed is None:  # one whose environment gave up waiting is skipped
+                break
+        return JSONResponse({"rollout_id": rollout.token, "base_url": rollout.base_url,
+                             "end_url": f"{self.url}/gagpo/v1/rollouts/{rollout.token}/end",
+                             "task": rollout.task})  # fmt: skip
+
+    async def _end(self, request):
+        from starlette.responses import JSONResponse
+
+        rollout = self._rollout(request)
+        if rollout is None:
+            return _error(404, "no open rollout with this id (it ended, or its group was lost)")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the request body is not JSON")
+        if rollout.pending is not None:
+            return _error(409, "the rollout has a call in progress; end it after its reply")
+        if isinstance(body, dict) and body.get("error") is not None:
+            rollout.events.put(
+                Failed(f"the agent gave up: {str(body['error']).splitlines()[0][:300]}")
+            )
+        else:
+            rollout.events.put(Ended(body))
+        return JSONResponse({"ok": True})
+
+
+def _settle(future: asyncio.Future, value, error: BaseException | None) -> None:
+    if not future.done():
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+
+def _error(status: int, line: str):
+    """An error in OpenAI's shape, so `openai` raises it with this line."""
+    from starlette.responses import JSONResponse
+
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": line, "type": kind, "param": None, "code": None}},
+                        status_code=status)  # fmt: skip
+
+
+_SHARED: dict[str, Endpoint] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_endpoint(port: int = 0) -> Endpoint:
+    """The process's endpoint, started on first use (on `port`; 0 picks a free one)."""
+    with _SHARED_LOCK:
+        endpoint = _SHARED.get("endpoint")
+        if endpoint is None:
+            from gagpo.schemas.extras import require
+
+            require("agent", "an agent environment")
+            endpoint = _SHARED["endpoint"] = Endpoint(port=port)
+            print(f"agent endpoint: {endpoint.url} (agents' base URLs: {endpoint.url}/r/<rollout>/v1; "
+                  f"agent+http claims rollouts at POST {endpoint.url}/gagpo/v1/rollouts)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        elif port and not endpoint.url.endswith(f":{port}"):
+            raise GagpoError(f"the agent endpoint of this process already listens on {endpoint.url}, "
+                             f"not port {port}; accepted: one port per actor process")  # fmt: skip
+        return endpoint

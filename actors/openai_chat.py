@@ -1,0 +1,308 @@
+"""The OpenAI chat format of the agent endpoint: a request in, one turn's record and its reply out.
+
+An agent's `chat.completions.create` call is one turn, one step (docs/environments.md,
+"Bring your own agent"):
+
+- **observation**: the messages after the conversation's last assistant message (the user
+  and tool messages new since the agent's previous call; every message at the first call);
+- **state key**: what the call names in `extra_body={"gagpo": {"state_key": ...}}`, else
+  what the environment's `state_key` callback returns for the observation's messages,
+  else a hash of them (role, name, text; never ids, which differ between rollouts);
+- **prompt**: the policy's chat template applied to the messages and tools as sent, so the
+  recorded `prompt_ids` are the ids the policy was conditioned on;
+- **reply**: the text as sampled; tool calls are read from the template's own rendering
+  (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, the Hermes/Qwen form).
+
+Nothing here imports a server or the `openai` package: requests are plain JSON objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gagpo.actors.policies.base import Sample
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+class RequestError(ValueError):
+    """A request the endpoint refuses: an HTTP status and one line saying what is accepted."""
+
+    def __init__(self, status: int, line: str) -> None:
+        super().__init__(line)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Call:
+    """One checked chat completion request of a rollout: what the rollout loop encodes,
+    records and answers (actors/rollout.py reads it as the rollout's `chat`)."""
+
+    turn: int  # the rollout's call index, from 0
+    messages: tuple[dict, ...]  # as the chat template takes them
+    tools: tuple[dict, ...] | None
+    observation: str
+    state_key: str
+    model: str
+    max_tokens: int | None
+    logprobs: bool
+
+    def encode(self, policy) -> list[int]:
+        """The prompt ids: the chat template applied to the messages (and tools) as sent,
+        with the generation prompt, cut from the left to the policy's prompt budget."""
+        messages = list(self.messages)
+        if not self.tools:  # the same path as every other environment's prompts
+            return policy.encode_chat(messages)
+        tokenizer = policy.tokenizer
+        text = tokenizer.apply_chat_template(
+            messages, tools=list(self.tools), add_generation_prompt=True, tokenize=False
+        )
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(ids[-policy.prompt_budget :])
+
+    def fit(self, sample: Sample, policy) -> Sample:
+        """The reply cut to the call's `max_tokens` (a prefix of a sample is a sample of the
+        shorter reply: its log-probs are unchanged)."""
+        if self.max_tokens is None or len(sample.token_ids) <= self.max_tokens:
+            return sample
+        ids, logprobs = sample.token_ids[: self.max_tokens], sample.logprobs[: self.max_tokens]
+        text = policy.tokenizer.decode(ids, skip_special_tokens=True)
+        return Sample(text=text, token_ids=ids, logprobs=logprobs)
+
+    def respond(self, prompt: list[int], sample: Sample, version: int, policy) -> dict:
+        """The OpenAI chat completion answering this call with `sample`."""
+        content, tool_calls = parse_reply(sample.text, self.tools, self.turn)
+        tokenizer = policy.tokenizer
+        cap = policy.sampling.max_new_tokens
+        if self.max_tokens is not None:
+            cap = min(cap, self.max_tokens)
+        ended = sample.token_ids and sample.token_ids[-1] == tokenizer.eos_token_id
+        finish = (
+            "tool_calls"
+            if tool_calls
+            else "length"
+            if len(sample.token_ids) >= cap and not ended
+            else "stop"
+        )
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+        if self.logprobs:
+            tokens = [tokenizer.decode([t]) for t in sample.token_ids]
+            choice["logprobs"] = {"content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in zip(tokens, sample.logprobs, strict=True)
+            ], "refusal": None}  # fmt: skip
+        return {
+            "id": f"chatcmpl-{self.turn}-{len(prompt)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(sample.token_ids),
+                "total_tokens": len(prompt) + len(sample.token_ids),
+            },
+            "gagpo": {"policy_version": version, "step": self.turn},
+        }
+
+
+# -- requests --------------------------------------------------------------------------
+
+
+def read_request(
+    body: object, *, model: str, turn: int, key_fn: Callable[[list[dict]], str] | None = None
+) -> Call:
+    """Check a chat completion request; a RequestError (4xx, one line) for what is not
+    served. Unknown fields are ignored, as OpenAI does; temperature and top_p are checked
+    but the actor samples with its own settings (docs/environments.md says why)."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body is not a JSON object")
+    asked = body.get("model")
+    if asked != model:
+        raise RequestError(404, f"model {asked!r} is not served here; accepted: {model!r}")
+    if body.get("stream"):
+        raise RequestError(400, "stream=true is not supported; accepted: stream=false")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise RequestError(400, f"n={n!r} is not supported; accepted: n=1")
+    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+        value = body.get(name)
+        if value is not None and (not _is_number(value) or not low <= value <= high):
+            raise RequestError(
+                400, f"{name}={value!r} is not valid; accepted: a number in [{low}, {high}]"
+            )
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise RequestError(
+            400, f"max_tokens={max_tokens!r} is not valid; accepted: an integer >= 1"
+        )
+    logprobs = body.get("logprobs") or False
+    if not isinstance(logprobs, bool):
+        raise RequestError(400, f"logprobs={logprobs!r} is not valid; accepted: true or false")
+    messages = _messages(body.get("messages"))
+    tools = _tools(body.get("tools"))
+    new = _observed(messages)
+    named = body.get("gagpo") or {}
+    if not isinstance(named, dict) or not isinstance(named.get("state_key", ""), str):
+        raise RequestError(400, "gagpo must be an object whose state_key is a string")
+    state_key = named.get("state_key") or (key_fn(new) if key_fn else observation_key(new))
+    return Call(turn=turn, messages=tuple(messages), tools=tools,
+                observation=render(new), state_key=state_key, model=model,
+                max_tokens=max_tokens, logprobs=logprobs)  # fmt: skip
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _text(content: object, where: str) -> str:
+    """A message's content as text: a string, or a list of text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(
+                    400,
+                    f"{where}: a content part of type {kind!r} is not supported; accepted: text",
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(
+        400,
+        f"{where}: content must be a string or a list of text parts, not {type(content).__name__}",
+    )
+
+
+def _messages(raw: object) -> list[dict]:
+    """The messages as the chat template takes them; RequestError for a malformed one."""
+    if not isinstance(raw, list) or not raw:
+        raise RequestError(400, "messages must be a non-empty list of message objects")
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(400, f"{where} is not an object")
+        role = m.get("role")
+        if role not in ROLES:
+            raise RequestError(
+                400, f"{where}: role {role!r} is not valid; accepted: {', '.join(ROLES)}"
+            )
+        calls = m.get("tool_calls") if role == "assistant" else None
+        content = m.get("content")
+        if content is None and not (role == "assistant" and calls):
+            raise RequestError(400, f"{where}: a {role} message needs content")
+        # Templates rarely know "developer": OpenAI reads it as the system prompt.
+        message: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                   "content": "" if content is None else _text(content, where)}  # fmt: skip
+        if calls:
+            message["tool_calls"] = _tool_calls(calls, where)
+        for key in ("name", "tool_call_id"):
+            if isinstance(m.get(key), str):
+                message[key] = m[key]
+        out.append(message)
+    return out
+
+
+def _tool_calls(calls: object, where: str) -> list[dict]:
+    """An assistant message's tool calls, arguments as objects (what templates render)."""
+    if not isinstance(calls, list):
+        raise RequestError(400, f"{where}: tool_calls must be a list")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise RequestError(400, f"{where}: each tool call needs function.name")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            with contextlib.suppress(json.JSONDecodeError):  # else kept as the agent's text
+                arguments = json.loads(arguments) if arguments.strip() else {}
+        out.append({"id": call.get("id", ""), "type": "function",
+                    "function": {"name": function["name"], "arguments": arguments}})  # fmt: skip
+    return out
+
+
+def _tools(raw: object) -> tuple[dict, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str) for t in raw
+    ):  # fmt: skip
+        raise RequestError(
+            400, 'tools must be a list of {"type": "function", "function": {"name": ...}}'
+        )
+    return tuple(raw) or None
+
+
+def _observed(messages: list[dict]) -> list[dict]:
+    """The messages after the last assistant message: what is new since the previous call."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    return messages[last + 1 :]
+
+
+def render(messages: list[dict]) -> str:
+    """The observation column: each message as `role: text`, blank lines between."""
+    return "\n\n".join(
+        f"{m['role']}{' ' + m['name'] if m.get('name') else ''}: {m['content']}" for m in messages
+    )
+
+
+def observation_key(messages: list[dict]) -> str:
+    """The default state key: a hash of the observation's roles, names and texts."""
+    canonical = json.dumps([[m["role"], m.get("name", ""), m["content"]] for m in messages])
+    return "obs:" + hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
+
+
+# -- replies ---------------------------------------------------------------------------
+
+
+def parse_reply(
+    text: str, tools: tuple[dict, ...] | None, turn: int
+) -> tuple[str | None, list[dict]]:
+    """The reply's content and tool calls. A `<tool_call>` block whose JSON names a tool of
+    the request is a tool call (ids `call_<turn>_<i>`: the same in every rollout, so they
+    never split a state); anything else stays in the content."""
+    declared = {t["function"]["name"] for t in tools or ()}
+    calls, kept, last = [], [], 0
+    for match in _TOOL_CALL.finditer(text) if declared else ():
+        try:
+            parsed = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(parsed, dict) or parsed.get("name") not in declared:
+            continue
+        arguments = parsed.get("arguments", parsed.get("parameters", {}))
+        calls.append({"id": f"call_{turn}_{len(calls)}", "type": "function", "function": {
+            "name": parsed["name"],
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+        }})  # fmt: skip
+        kept.append(text[last : match.start()])
+        last = match.end()
+    kept.append(text[last:])
+    content = "".join(kept).strip() if calls else text
+    return (content or None) if calls else content, calls
