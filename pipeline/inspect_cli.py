@@ -31,7 +31,8 @@ def _store_option(func):
     )(func)
 
 
-def _gamma_option(func):
+def gamma_option(func):
+    """--gamma: the discount of the views' return-to-go (pipeline/sql.py `open_store_db`)."""
     return click.option(
         "--gamma",
         type=click.FloatRange(0.0, 1.0),
@@ -41,7 +42,7 @@ def _gamma_option(func):
     )(func)
 
 
-def _limit_options(func):
+def limit_options(func):
     """--timeout and --memory-limit: the bounds of every query (pipeline/sql.py `Limits`)."""
     func = click.option(
         "--memory-limit",
@@ -93,8 +94,8 @@ def _limit_options(func):
     help="Views of the store as it stood after learner update U: the groups its ledger "
     "records up to U, learner metrics and policy versions up to U.",
 )
-@_gamma_option
-@_limit_options
+@gamma_option
+@limit_options
 def sql_command(
     store_url: str,
     query: str | None,
@@ -164,8 +165,8 @@ def sql_command(
     help="Trajectory for the credit heatmap (repeatable); default: the best and worst "
     "rollout of the group whose returns differ most.",
 )
-@_gamma_option
-@_limit_options
+@gamma_option
+@limit_options
 def report_command(
     store_urls: tuple[str, ...],
     out: str,
@@ -258,7 +259,7 @@ def _write(table, fmt: str, out: str | None, max_rows: int) -> None:
     if fmt == "table":
         text = _render_table(table, max_rows)
     elif fmt == "csv":
-        text = _render_csv(table)
+        text = render_csv(table)
     else:
         text = _render_json(table)
     if out is None:
@@ -297,7 +298,8 @@ def _cell(value) -> str:
     return text if len(text) <= 80 else text[:77] + "…"
 
 
-def _render_csv(table) -> str:
+def render_csv(table) -> str:
+    """`table` as `gagpo sql --format csv` writes it (also `gagpo view`'s CSV download)."""
     import io
 
     import pyarrow as pa

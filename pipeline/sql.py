@@ -289,17 +289,20 @@ def time_limit(cons, timeout_s: float, memory_limit: str = "") -> Iterator[None]
             timer.cancel()
 
 
-def run_query(con: duckdb.DuckDBPyConnection, query: str, limits: Limits | None = None) -> pa.Table:
+def run_query(con: duckdb.DuckDBPyConnection, query: str, limits: Limits | None = None,
+              params: list | dict | None = None) -> pa.Table:  # fmt: skip
     """Run `query` (one or more statements) and return the last result as Arrow, within
     `limits` (time; the result's size against the memory limit).
 
-    DuckDB's refusals, query errors and stops by a limit become a GagpoError of one line.
+    `params` are the values of the query's `?` / `$name` placeholders, bound by DuckDB as
+    a prepared statement's: a value never becomes SQL text. DuckDB's refusals, query
+    errors and stops by a limit become a GagpoError of one line.
     """
     limits = limits or Limits()
     try:
         _refuse_file_statements(query)
         with time_limit(con, limits.timeout_s, limits.memory()):
-            relation = con.sql(query)
+            relation = con.sql(query, params=params)
             if relation is None:  # a statement without a result (SET, CREATE TABLE …)
                 return pa.table({})
             return _fetch(relation, memory_bytes(limits.memory()))

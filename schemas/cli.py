@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
-from pydantic import BaseModel
 
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.retry import describe, first_line, is_disk_full, is_transient
+
+if TYPE_CHECKING:  # pydantic is imported by the commands that load a config model
+    from pydantic import BaseModel
 
 
 def field_help(model: type[BaseModel], name: str) -> str:

@@ -130,6 +130,16 @@ def auc(scores: np.ndarray, positive: np.ndarray) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+def credit_auc(scored: pl.DataFrame) -> dict[str, float]:
+    """Credit AUC and within-state AUC of labelled steps (`label`'s columns) joined with
+    their `advantage`; nan where a side is missing. `gagpo view` shows the same numbers
+    for one group or trajectory (workflows/view.py)."""
+    return {
+        "auc": auc(scored[C.ADVANTAGE].to_numpy(), scored["optimal"].to_numpy()),
+        "state_auc": within_state_auc(scored),
+    }
+
+
 # --- the comparison -----------------------------------------------------------------------
 
 
@@ -199,8 +209,7 @@ def compare(store_url: str, run_estimator: EstimatorConfig | None = None) -> Com
             "steps": len(x),
             "zero_share": float((np.abs(x) < ZERO).mean()),
             "iqr": float(q3 - q1),
-            "auc": auc(scored[C.ADVANTAGE].to_numpy(), scored["optimal"].to_numpy()),
-            "state_auc": within_state_auc(scored),
+            **credit_auc(scored),
             "labelled_steps": scored.height,
         })  # fmt: skip
     return Comparison(rows, steps.height, labelled, tables)

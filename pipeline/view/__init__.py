@@ -6,7 +6,9 @@
     access.py   who may ask: loopback by default, an access token for any other address,
                 loopback Host names only (DNS rebinding), security headers
     app.py      the Starlette app: pages, JSON endpoints, packaged assets, one-line errors
-    cli.py      the `gagpo view` command: parse, check the bind, run uvicorn
+    cli.py      what `gagpo view` does once parsed: check the bind, run uvicorn (the
+                command's options are workflows/view.py, which passes the environments'
+                step oracle in: this layer may not import actors/)
     static/     the pages' HTML, JS and CSS, and uPlot (the charting library), shipped
                 in the package: nothing is fetched from the internet at run time
 

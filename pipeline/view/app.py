@@ -64,8 +64,11 @@ def one_line(status: int, text: str) -> PlainTextResponse:
 
 
 def create_app(stores: list[data.StoreSession], *, host: str = "127.0.0.1",
-               token: str | None = None, sql_limits: Limits | None = None) -> Any:  # fmt: skip
-    """The ASGI app over `stores` (the first is the default), guarded for `host`."""
+               token: str | None = None, sql_limits: Limits | None = None,
+               oracle: data.StepOracle | None = None) -> Any:  # fmt: skip
+    """The ASGI app over `stores` (the first is the default), guarded for `host`; with
+    `oracle`, the compare page shows which moves were optimal and each estimator's credit
+    AUC (workflows/view.py passes Sokoban's solver)."""
     check_bind(host, token)
     if not stores:
         raise GagpoError("no store given; accepted: --store PATH (repeatable)")
@@ -92,7 +95,7 @@ def create_app(stores: list[data.StoreSession], *, host: str = "127.0.0.1",
         if group:
             store = store_of(request)
             gid = data.check_id(group, "group")
-            if not store.query(f"SELECT 1 FROM steps WHERE group_id = {data.literal(gid)} LIMIT 1"):
+            if not store.query("SELECT 1 FROM steps WHERE group_id = ? LIMIT 1", [gid]):
                 raise data.NotFound(f"group {gid!r} is not in store {store.label!r}")
         return page("compare.html" if request.url.path == "/compare" else "group.html")
 
@@ -142,7 +145,8 @@ def create_app(stores: list[data.StoreSession], *, host: str = "127.0.0.1",
             raise GagpoError("estimators: accepted: 1 to 8 names separated by commas")
         params = _params(q)
         chosen = [(n, _params_for(n, params)) for n in names]
-        return JSON(data.compare_view(store_of(request), q.get("group") or "", chosen))
+        return JSON(data.compare_view(store_of(request), q.get("group") or "", chosen,
+                                      oracle=oracle, traj_id=q.get("traj") or None))  # fmt: skip
 
     def api_pools(request: Request) -> Response:
         return JSON(data.pools_view(store_of(request)))
@@ -195,9 +199,9 @@ def _sql(store: data.StoreSession, query: str, limits: Limits):
 
 def _csv_text(table) -> str:
     """The result as `gagpo sql --format csv` writes it."""
-    from gagpo.pipeline.inspect_cli import _render_csv
+    from gagpo.pipeline.inspect_cli import render_csv
 
-    return _render_csv(table)
+    return render_csv(table)
 
 
 def _csv_rows(table) -> tuple[list[str], list[list[str]]]:

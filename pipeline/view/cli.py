@@ -1,18 +1,22 @@
-"""`gagpo view`: parse, check the bind and the stores, then serve the app with uvicorn.
+"""`gagpo view` once parsed: check the bind and the stores, then serve the app with uvicorn.
 
-Starlette and uvicorn (the `view` extra) are imported only when the command runs, so
-`gagpo --help` stays instant and a missing extra is one line.
+The command itself (its options) is workflows/view.py, which may import the environments
+and passes their step oracle in. Starlette and uvicorn (the `view` extra) are imported
+only when it runs, so `gagpo --help` stays instant and a missing extra is one line.
 """
 
 from __future__ import annotations
 
 import secrets
 import socket
+from typing import TYPE_CHECKING
 
 import click
 
-from gagpo.pipeline.inspect_cli import _gamma_option, _limit_options
 from gagpo.schemas.errors import GagpoError
+
+if TYPE_CHECKING:
+    from gagpo.pipeline.view.data import StepOracle
 
 
 def sessions(specs: tuple[str, ...], gamma: float, limits) -> list:
@@ -37,7 +41,7 @@ def sessions(specs: tuple[str, ...], gamma: float, limits) -> list:
     return out
 
 
-def _check_port_free(host: str, port: int) -> None:
+def check_port_free(host: str, port: int) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -48,27 +52,10 @@ def _check_port_free(host: str, port: int) -> None:
                              "a free --port, an address of this machine as --host") from None  # fmt: skip
 
 
-@click.command("view", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--store", "store_specs", required=True, multiple=True, metavar="[LABEL=]URL",
-              help="Store root (local path or fsspec URL); repeat to show several runs on shared "
-              "axes (--store gagpo=runs/a --store grpo=runs/b).")  # fmt: skip
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to listen on. Any address but loopback needs an access token.",
-)
-@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
-@click.option("--token", default=None, metavar="TOKEN",
-              help="Access token every request must carry (?token=… once, then a cookie). "
-              "Generated and printed when --host is not loopback and none is given.")  # fmt: skip
-@_gamma_option
-@_limit_options
-def view_command(store_specs: tuple[str, ...], host: str, port: int, token: str | None,
-                 gamma: float, timeout_s: float, memory_limit: str) -> None:  # fmt: skip
-    """Serve a local, read-only web app over the store: the run's learning curves, each
-    group's rollouts side by side with their credit under any estimator, state pools,
-    and the SQL sandbox of `gagpo sql` (docs/inspect.md)."""
+def serve(store_specs: tuple[str, ...], host: str, port: int, token: str | None, gamma: float,
+          timeout_s: float, memory_limit: str, oracle: StepOracle | None = None) -> None:  # fmt: skip
+    """What `gagpo view` does once parsed (workflows/view.py, which passes the environments'
+    step `oracle`): check the bind and the stores, print the URL, serve until stopped."""
     from gagpo.schemas.extras import require
 
     require("view", "gagpo view")
@@ -85,8 +72,8 @@ def view_command(store_specs: tuple[str, ...], host: str, port: int, token: str 
     generated = token is None and not is_loopback(host)
     if generated:
         token = secrets.token_urlsafe(24)
-    app = create_app(stores, host=host, token=token, sql_limits=limits)
-    _check_port_free(host, port)
+    app = create_app(stores, host=host, token=token, sql_limits=limits, oracle=oracle)
+    check_port_free(host, port)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
     click.echo(f"gagpo view: serving {', '.join(s.label for s in stores)} at {url}")

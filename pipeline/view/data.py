@@ -6,10 +6,21 @@ the store's committed files, bounded in time and memory. A session keeps one con
 per store and opens it again after `REFRESH_S` seconds (new shards appear) or when a query
 meets a file a compaction removed (its groups are in a segment now).
 
-A group page reads that group's rows only: `WHERE group_id = '…'`, which DuckDB pushes
+A group page reads that group's rows only: `WHERE group_id = ?`, which DuckDB pushes
 down into the scans (the archive's segments are sorted by group id, so their row-group
-statistics skip the rest). `run_query` takes SQL text, so values enter queries through
-`literal` after `check_id` has accepted them.
+statistics skip the rest: benchmarks/bench_view.py shows one row group read of the
+store's). Values from the URL enter queries as prepared-statement parameters, never as
+SQL text (`check_id` still gives a bad one its one-line 400).
+
+The pools page reads counts (each tag's steps per stored pool size) and the states and
+value proxies of the pools it shows only: it never builds every pool's return
+statistics as the `state_pools` view does (65 s on a compacted 16 k-group store; this,
+under 1 s).
+
+Where the environment has a step oracle (Sokoban's solver), the compare page shows each
+estimator's credit AUC and which moves were optimal. The oracle lives with the
+environments (actors/), which this layer may not import: `gagpo view` (workflows/view.py)
+passes it in as a `StepOracle`.
 
 Estimators other than the stored tables are recomputed for that group only, by the
 advantage stage itself (`compute_advantages` on the group's rows), so they equal
@@ -24,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import polars as pl
 import pyarrow as pa
@@ -65,11 +76,6 @@ def check_id(value: str, what: str) -> str:
     return value
 
 
-def literal(value: str) -> str:
-    """`value` as a SQL string literal (only for values `check_id` accepted)."""
-    return "'" + value.replace("'", "''") + "'"
-
-
 # --- the connection of one store -------------------------------------------------------
 
 
@@ -85,22 +91,23 @@ class StoreSession:
     _opened: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def query(self, sql: str) -> pa.Table:
-        """`sql` on this store's connection (one query at a time)."""
+    def query(self, sql: str, params: list | dict | None = None) -> pa.Table:
+        """`sql` with the values of its `?` / `$name` parameters on this store's connection
+        (one query at a time)."""
         with self._lock:
             for attempt in range(5):
                 if self._con is None or time.monotonic() - self._opened > REFRESH_S:
                     self._reopen()
                 try:
-                    return run_query(self._con, sql, self.limits)
+                    return run_query(self._con, sql, self.limits, params)
                 except GagpoError as exc:
                     if attempt == 4 or not is_missing_file(exc):
                         raise
                     self._close()  # a compaction moved a file: the store as it stands now
         raise AssertionError("unreachable")
 
-    def rows(self, sql: str) -> list[dict]:
-        return self.query(sql).to_pylist()
+    def rows(self, sql: str, params: list | dict | None = None) -> list[dict]:
+        return self.query(sql, params).to_pylist()
 
     def fresh_query(self, sql: str, limits: Limits) -> pa.Table:
         """`sql` exactly as `gagpo sql` runs it: a fresh connection, closed after (the SQL
@@ -166,11 +173,13 @@ def group_list(session: StoreSession, *, version: int | None = None, task: str |
     """Groups for the choosers and the run page's table: of one policy version and task
     when given; ordered by the spread of their rollouts' returns (where credit has
     something to tell) or newest first."""
-    where = []
+    where, params = [], []
     if version is not None:
-        where.append(f"policy_version = {int(version)}")
+        where.append("policy_version = ?")
+        params.append(int(version))
     if task:
-        where.append(f"task_id = {literal(check_id(task, 'task'))}")
+        where.append("task_id = ?")
+        params.append(check_id(task, "task"))
     if order not in ("spread", "newest"):
         raise GagpoError(f"order {order!r} is not known; accepted: spread, newest")
     sort = ("max(ret) - min(ret) DESC, min(started) DESC" if order == "spread"
@@ -187,7 +196,7 @@ def group_list(session: StoreSession, *, version: int | None = None, task: str |
                count(*) AS rollouts, sum(steps)::BIGINT AS steps, avg(won::DOUBLE) AS success_rate,
                avg(ret) AS mean_return, max(ret) - min(ret) AS return_spread
         FROM rollouts GROUP BY group_id ORDER BY {sort}, group_id LIMIT {int(limit)}
-    """)
+    """, params)  # fmt: skip
 
 
 def choices(session: StoreSession) -> dict:
@@ -211,8 +220,8 @@ def group_steps(session: StoreSession, group_id: str) -> pa.Table:
     """The group's steps, rollout by rollout, turn by turn; NotFound when it has none."""
     group_id = check_id(group_id, "group")
     columns = ", ".join(f'"{name}"' for name in STEP_COLUMNS)
-    table = session.query(f"SELECT {columns} FROM steps WHERE group_id = {literal(group_id)} "
-                          "ORDER BY traj_id, step")  # fmt: skip
+    table = session.query(f"SELECT {columns} FROM steps WHERE group_id = ? ORDER BY traj_id, step",
+                          [group_id])  # fmt: skip
     if table.num_rows == 0:
         raise NotFound(f"group {group_id!r} is not in store {session.label!r}")
     return table
@@ -238,8 +247,8 @@ def group_advantages(session: StoreSession, steps: pa.Table, tag: str | None,
         table = session.query(
             "SELECT traj_id, step, coalesce(pool_id, state_key) AS pool_id, "
             + ", ".join(f'"{name}"' for name in ADVANTAGE_COLUMNS)
-            + f" FROM advantages WHERE group_id = {literal(group_id)} "
-            f"AND estimator = {literal(tag)}"
+            + " FROM advantages WHERE group_id = ? AND estimator = ?",
+            [group_id, tag],
         )
         if table.num_rows == 0:
             raise NotFound(f"group {group_id!r} has no advantages under tag {tag!r}")
@@ -334,28 +343,67 @@ def _step(row: dict) -> dict:
     }  # fmt: skip
 
 
-def compare_view(session: StoreSession, group_id: str, choices_: list[tuple[str, dict]]) -> dict:
-    """One group under several estimators: each step's advantage per estimator, and the
-    zero-advantage share and IQR of each."""
+class StepOracle(Protocol):
+    """An environment's judge of single moves (workflows/view.py: Sokoban's solver)."""
+
+    name: str  # shown on the compare page
+
+    def label(self, steps: pl.DataFrame) -> pl.DataFrame | None:
+        """traj_id, step, `move` and `optimal` (bool) of the steps it can judge (a group's
+        rows, STEP_COLUMNS); None when the steps are not of its environment."""
+        ...
+
+    def score(self, scored: pl.DataFrame) -> dict[str, float]:
+        """`auc` and `state_auc` of labelled steps joined with their `advantage`."""
+        ...
+
+
+def compare_view(session: StoreSession, group_id: str, choices_: list[tuple[str, dict]],
+                 oracle: StepOracle | None = None, traj_id: str | None = None) -> dict:  # fmt: skip
+    """One group, or one of its rollouts (`traj_id`), under several estimators: each step's
+    advantage per estimator, and the zero-advantage share and IQR of each; with an oracle
+    for the environment, which moves were optimal and each estimator's credit AUC over the
+    steps shown. Advantages are always those of the whole group."""
     steps = group_steps(session, group_id)
-    base = pl.from_arrow(steps.select([C.TRAJ_ID, C.STEP, C.STATE_KEY, C.ACTION_TEXT, C.REWARD,
-                                       C.ACTION_VALID]))  # fmt: skip
+    frame = pl.from_arrow(steps)
+    if traj_id is not None:
+        traj_id = check_id(traj_id, "rollout")
+        if traj_id not in frame[C.TRAJ_ID]:  # type: ignore[index]
+            raise NotFound(f"rollout {traj_id!r} is not in group {group_id!r}")
+    shown = frame if traj_id is None else frame.filter(pl.col(C.TRAJ_ID) == traj_id)  # type: ignore[union-attr]
+    base = shown.select(C.TRAJ_ID, C.STEP, C.STATE_KEY, C.ACTION_TEXT, C.REWARD, C.ACTION_VALID)  # type: ignore[union-attr]
+    labels = oracle.label(shown) if oracle is not None else None  # type: ignore[arg-type]
+    if labels is not None:
+        base = base.join(labels.select(C.TRAJ_ID, C.STEP, "move", "optimal"),
+                         on=[C.TRAJ_ID, C.STEP], how="left")  # fmt: skip
     columns, summaries = [], []
     for i, (choice, params) in enumerate(choices_):
         tag, config = estimator_choice(choice, params)
         table = group_advantages(session, steps, tag, config)
+        table = table.join(base.select(C.TRAJ_ID, C.STEP), on=[C.TRAJ_ID, C.STEP], how="semi")
         name = f"a{i}"
-        base = base.join(table.select(C.TRAJ_ID, C.STEP, pl.col(C.ADVANTAGE).alias(name)),  # type: ignore[union-attr]
+        base = base.join(table.select(C.TRAJ_ID, C.STEP, pl.col(C.ADVANTAGE).alias(name)),
                          on=[C.TRAJ_ID, C.STEP], how="left")  # fmt: skip
         columns.append({"choice": choice, "tag": tag or config.tag})
-        summaries.append(credit_summary(table[C.ADVANTAGE]))
+        summary = credit_summary(table[C.ADVANTAGE])
+        if labels is not None:
+            scored = labels.join(table.select(C.TRAJ_ID, C.STEP, C.ADVANTAGE),
+                                 on=[C.TRAJ_ID, C.STEP])  # fmt: skip
+            summary.update(oracle.score(scored), labelled=scored.height)  # type: ignore[union-attr]
+        summaries.append(summary)
     base = base.sort(C.TRAJ_ID, C.STEP)
+    judged = None
+    if labels is not None:
+        judged = {"name": oracle.name, "labelled": labels.height,  # type: ignore[union-attr]
+                  "optimal": int(labels["optimal"].sum())}  # fmt: skip
     return {
-        "store": session.label, "group_id": group_id, "estimators": columns,
-        "summaries": summaries,
+        "store": session.label, "group_id": group_id, "traj_id": traj_id,
+        "trajectories": frame[C.TRAJ_ID].unique(maintain_order=True).to_list(),  # type: ignore[index]
+        "estimators": columns, "summaries": summaries, "oracle": judged,
         "rows": [
             {"traj_id": r[C.TRAJ_ID], "step": r[C.STEP], "state_key": r[C.STATE_KEY],
              "action": r[C.ACTION_TEXT], "reward": r[C.REWARD], "valid": r[C.ACTION_VALID],
+             "move": r.get("move"), "optimal": r.get("optimal"),
              "advantages": [r[f"a{i}"] for i in range(len(choices_))]}
             for r in base.iter_rows(named=True)
         ],
@@ -365,30 +413,107 @@ def compare_view(session: StoreSession, group_id: str, choices_: list[tuple[str,
 # --- the pools page --------------------------------------------------------------------
 
 
+# Groups without stored advantages, pooled exactly (as `state_pools` does, estimator NULL).
+UNSCORED = "steps ANTI JOIN (SELECT DISTINCT group_id FROM advantages) a USING (group_id)"
+
+
 def pools_view(session: StoreSession, limit: int = 30) -> dict:
-    """Per stored tag (and the exact pools of groups without advantages): pools, singleton
-    share; the largest pools; pools that merged several distinct states."""
-    modes = session.rows("""
-        SELECT estimator, any_value(state_grouping) AS state_grouping,
-               count(DISTINCT (group_id, pool_id)) AS pools,
-               sum(visits)::BIGINT AS steps,
-               sum(visits) FILTER (WHERE pool_visits = 1) / sum(visits) AS singleton_share
-        FROM state_pools GROUP BY estimator ORDER BY estimator NULLS LAST
-    """)
+    """Per stored tag (and the exact pools of groups without advantages): pools, steps and
+    the share of steps alone in their pool; the largest pools; pools that merged several
+    distinct states (tags of another grouping than exact only).
+
+    Read by counts, not pool by pool: each tag's steps per pool size (`state_group_size`,
+    which the advantage stage stored with every step: an integer column, no state read)
+    give its pools, steps and singletons, and the size the `limit`-th largest pool has;
+    only steps in pools at least that large are then read with their states. Groups
+    without advantages are pooled from `steps`, and only when no tag covers every step."""
+    tags = session.rows("SELECT estimator, coalesce(json_extract_string(params, "
+                        "'$.state_grouping'), 'exact') AS state_grouping FROM estimators "
+                        "ORDER BY estimator")  # fmt: skip
+    total = session.rows("SELECT count(*) AS n FROM steps")[0]["n"]
+    modes, sizes = [], []  # sizes: (pool size, pools of that size) over every mode
+    for tag in tags:
+        by_size = session.rows("SELECT state_group_size AS visits, count(*) AS steps FROM "
+                               "advantages WHERE estimator = ? GROUP BY visits",
+                               [tag["estimator"]])  # fmt: skip
+        counts = [(r["visits"], r["steps"] // r["visits"]) for r in by_size]
+        modes.append({**tag, **_mode(counts)})
+        sizes += counts
+    unscored = not any(m["steps"] == total for m in modes)  # some group may lack advantages
+    if unscored:
+        by_size = session.rows(f"""
+            SELECT visits, count(*) AS pools FROM (SELECT count(*) AS visits FROM {UNSCORED}
+                                                   GROUP BY group_id, state_key)
+            GROUP BY visits""")  # fmt: skip
+        counts = [(r["visits"], r["pools"]) for r in by_size]
+        if counts:
+            modes.append({"estimator": None, "state_grouping": "exact", **_mode(counts)})
+            sizes += counts
+    least = _least_shown(sizes, limit)
+    exact_groups = (f"UNION ALL SELECT NULL, group_id, state_key, state_key, NULL FROM {UNSCORED}"
+                    if unscored else "")  # fmt: skip
     largest = session.rows(f"""
-        SELECT estimator, group_id, pool_id, any_value(pool_visits) AS visits,
-               any_value(pool_states) AS states, any_value(value_proxy) AS value_proxy
-        FROM state_pools GROUP BY estimator, group_id, pool_id
-        ORDER BY visits DESC, estimator, group_id LIMIT {int(limit)}
-    """)
-    merged = session.rows(f"""
-        SELECT estimator, state_grouping, group_id, pool_id, list(state_key ORDER BY state_key)
-               AS states, sum(visits)::BIGINT AS visits
-        FROM state_pools WHERE pool_states > 1
-        GROUP BY estimator, state_grouping, group_id, pool_id
-        ORDER BY visits DESC, estimator, group_id LIMIT {int(limit)}
-    """)
+        SELECT estimator, group_id, pool_id, count(*) AS visits,
+               count(DISTINCT state_key) AS states, any_value(value_proxy) AS value_proxy
+        FROM (SELECT estimator, group_id, coalesce(pool_id, state_key) AS pool_id, state_key,
+                     value_proxy
+              FROM advantages WHERE state_group_size >= $least {exact_groups})
+        GROUP BY estimator, group_id, pool_id HAVING count(*) >= $least
+        ORDER BY visits DESC, estimator, group_id, pool_id LIMIT $limit
+    """, {"least": least, "limit": int(limit)})  # fmt: skip
+    _fill_value_proxies(session, [r for r in largest if r["estimator"] is None])
+    merging = [t["estimator"] for t in tags if t["state_grouping"] != "exact"]
+    merged = []
+    if merging:  # an exact tag's pool is one state: nothing to read
+        merged = session.rows("""
+            SELECT estimator, group_id, pool_id, list(DISTINCT state_key ORDER BY state_key)
+                   AS states, count(*) AS visits
+            FROM (SELECT estimator, group_id, coalesce(pool_id, state_key) AS pool_id, state_key
+                  FROM advantages WHERE estimator = ANY(?) AND state_group_size > 1)
+            GROUP BY estimator, group_id, pool_id HAVING count(DISTINCT state_key) > 1
+            ORDER BY visits DESC, estimator, group_id, pool_id LIMIT ?
+        """, [merging, int(limit)])  # fmt: skip
+        grouping = {t["estimator"]: t["state_grouping"] for t in tags}
+        for row in merged:
+            row["state_grouping"] = grouping[row["estimator"]]
     return {"store": session.label, "modes": modes, "largest": largest, "merged": merged}
+
+
+def _mode(counts: list[tuple[int, int]]) -> dict:
+    """Pools, steps and singleton share from (pool size, pools of that size) pairs."""
+    steps = sum(size * pools for size, pools in counts)
+    alone = sum(pools for size, pools in counts if size == 1)
+    return {"pools": sum(pools for _, pools in counts), "steps": steps,
+            "singleton_share": alone / steps if steps else None}  # fmt: skip
+
+
+def _least_shown(sizes: list[tuple[int, int]], limit: int) -> int:
+    """The size of the `limit`-th largest pool (1 when there are fewer)."""
+    seen = 0
+    for size, pools in sorted(sizes, reverse=True):
+        seen += pools
+        if seen >= limit:
+            return size
+    return 1
+
+
+def _fill_value_proxies(session: StoreSession, rows: list[dict]) -> None:
+    """The value proxy of pools of groups without stored advantages (estimator NULL: exact
+    pools, discounted at the session's γ), from `state_pools` for those groups only. Its
+    returns are windows over each rollout, so the filter names the rollouts (DuckDB
+    pushes a filter on a window's partition into the scan; one on group_id it cannot)."""
+    if not rows:
+        return
+    groups = sorted({r["group_id"] for r in rows})
+    trajs = [r["traj_id"] for r in session.rows(
+        "SELECT DISTINCT traj_id FROM steps WHERE group_id = ANY(?)", [groups])]  # fmt: skip
+    values = session.rows("""
+        SELECT group_id, state_key, avg("return" ORDER BY traj_id, step) AS value_proxy
+        FROM step_returns WHERE traj_id = ANY(?) GROUP BY group_id, state_key
+    """, [trajs])  # fmt: skip
+    by_pool = {(v["group_id"], v["state_key"]): v["value_proxy"] for v in values}
+    for row in rows:
+        row["value_proxy"] = by_pool.get((row["group_id"], row["pool_id"]))
 
 
 # --- JSON ------------------------------------------------------------------------------
