@@ -158,7 +158,7 @@ def _session(ray, address: str | None, num_cpus: int, namespace: str | None, ech
         options |= {"num_cpus": num_cpus, "include_dashboard": False,
                     "_temp_dir": _ray_temp_dir()}  # fmt: skip
     try:
-        with _bounded_join(address):
+        with _bounded_join(address), _keep_sigterm():
             ray.init(address=address, **options)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         where = "a local instance" if address is None else f"the Ray cluster at {address!r}"
@@ -173,6 +173,30 @@ def _session(ray, address: str | None, num_cpus: int, namespace: str | None, ech
         yield address is None
     finally:
         ray.shutdown()  # a local instance: its processes end with it
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _keep_sigterm():
+    """SIGTERM handled as before ray.init, or as Ctrl-C when it was not handled. ray.init
+    installs its own handlers (Python's `sys.exit`, then the core worker's native one, which
+    dumps a backtrace and aborts): a driver stopped with SIGTERM would end with no cleanup,
+    its Ray actors and a local instance's agents left running. As KeyboardInterrupt, SIGTERM
+    unwinds the caller's `finally` blocks and this session's `ray.shutdown()`."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if callable(before) else _interrupt)
 
 
 # --- a cluster's address, checked before Ray is asked to join it ------------------------------

@@ -21,15 +21,22 @@ ranks landed (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK: no torchrun). Ray 
 host's CUDA_VISIBLE_DEVICES; the plan's physical GPU ids are not used, and the GPU counts are
 checked against the cluster's resources before anything starts.
 
-Faults. A dead actor host is restarted by Ray (max_restarts = run.actor_restarts); an actor
-process that exits by itself is restarted by its host, within the same bound. Every restart
-plays under a fresh run id and a seed no other incarnation uses (`restarted_command`), so no
-group repeats. A learner that fails (a rank's process exits non-zero, or a rank's host died)
-is stopped on every rank and started again, every rank with `--resume` and a fresh port
-(run.learner_restarts), continuing its lineage. Restarts are written to
-STORE/ray/restarts-<run id>.parquet. When the run ends, or on Ctrl-C, every process is stopped
-as `gagpo run` stops them, every Ray actor and placement group this run made are removed, and
-a local instance started here is shut down with all its processes.
+Faults. Ray restarts no host: the driver does, within the bounds of the recipe. An actor
+whose host died (its node lost, or the host killed) gets a new host in its bundle, which Ray
+places again on a node with room; an actor process that exits by itself is started again by
+its host (run.actor_restarts, both). A learner that fails (a rank's process exits non-zero,
+or a rank's host died) is stopped on every rank and started again, every rank with
+`--resume` and a fresh port, continuing its lineage (run.learner_restarts); after a lost host
+its ranks go to a new placement group on the nodes that remain. What no node holds within
+run.place_timeout_s is lost: an actor is counted "lost, not replaced" and the run goes on; the
+learner ends the run with one line naming what is missing. Every restart plays under a fresh
+run id and a seed no other incarnation uses (`restarted_command`), so no group repeats.
+Restarts and losses are written to STORE/ray/restarts-<run id>.parquet. When the run ends, or
+on Ctrl-C or SIGTERM, every process is stopped as `gagpo run` stops them, every Ray actor and
+placement group this run made are removed, and a local instance started here is shut down
+with all its processes. A driver killed outright leaves nothing either: its Ray actors and
+placement groups belong to its Ray job, which ends with it, and each host's process dies
+with its host (or, on a local instance, with the instance, whose processes die with the driver).
 """
 
 from __future__ import annotations
@@ -60,7 +67,6 @@ from gagpo.workflows.ray_placement import (
 
 NAMESPACE = "gagpo"
 POLL_S = 0.5  # seconds between two rounds of log relay and liveness checks
-PLACE_TIMEOUT_S = 300.0  # a placement group not placed by then: the cluster is too small
 PR_SET_PDEATHSIG = 1
 
 
@@ -116,28 +122,8 @@ class HostState:
     returncode: int | None  # of its process; None while it runs (or before it started)
     incarnation: int
     pid: int
-    node: str
-
-
-class Incarnations:
-    """A Ray actor counting the starts of each process of the run, across the restarts of
-    their hosts (a restarted Ray actor keeps no state of its own), and recording each
-    restart: (process, incarnation, its run id, why, when)."""
-
-    def __init__(self) -> None:
-        self.starts: dict[str, int] = {}
-        self.events: list[dict] = []
-
-    def next(self, label: str, run_id: str, cause: str) -> int:
-        self.starts[label] = self.starts.get(label, 0) + 1
-        incarnation = self.starts[label] - 1
-        if incarnation:
-            self.events.append({"process": label, "incarnation": incarnation, "run_id": run_id,
-                                "cause": cause, "at": time.time()})  # fmt: skip
-        return incarnation
-
-    def restarts(self) -> list[dict]:
-        return list(self.events)
+    node: str  # its node's address
+    node_id: str  # its node's Ray id: not among the alive nodes once the node is lost
 
 
 class _Child:
@@ -150,6 +136,7 @@ class _Child:
 
         self.cwd = cwd
         self.node = ray.util.get_node_ip_address()
+        self.node_id = ray.get_runtime_context().get_node_id()
         self._lock = threading.Lock()
         self.lines: list[str] = []
         self.proc: subprocess.Popen | None = None
@@ -176,9 +163,9 @@ class _Child:
     def poll(self) -> HostState:
         with self._lock:
             lines, self.lines = self.lines, []
-        if self.proc is None:
-            return HostState(lines, None, self.incarnation, 0, self.node)
-        return HostState(lines, self.proc.poll(), self.incarnation, self.proc.pid, self.node)
+        proc = self.proc
+        return HostState(lines, None if proc is None else proc.poll(), self.incarnation,
+                         0 if proc is None else proc.pid, self.node, self.node_id)  # fmt: skip
 
     def stop(self, sig: int, timeout: float) -> HostState:
         """`sig` to the process if it runs; SIGKILL after `timeout` seconds."""
@@ -195,40 +182,37 @@ class _Child:
 
 
 class ProcessHost(_Child):
-    """A Ray actor holding one actor process of the plan: it starts the command line when
-    created (again after Ray restarted it, as a fresh incarnation) and after the process
-    ended by itself (`restart`)."""
+    """A Ray actor holding one actor process of the plan: it starts the command line of its
+    `incarnation` when created, and a later incarnation when the process ended by itself
+    (`restart`). The driver numbers the incarnations and chooses their run ids: Ray restarts
+    no host, and a host whose node was lost is a new Ray actor, placed again by the driver."""
 
-    def __init__(self, process: Process, cwd: str, counter, actors: int):
+    def __init__(self, process: Process, cwd: str, actors: int, incarnation: int, run_id: str):
         self._init_child(cwd)
-        self.process, self.counter, self.actors = process, counter, actors
-        self._start("its Ray actor died and Ray restarted it")
+        self.process, self.actors = process, actors
+        self._start(incarnation, run_id)
 
-    def _start(self, cause: str) -> None:
-        import ray
-
-        run_id = _new_run_id()
-        self.incarnation = ray.get(self.counter.next.remote(self.process.label, run_id, cause))
-        cmd = restarted_command(self.process.command, self.incarnation, self.actors, run_id)
+    def _start(self, incarnation: int, run_id: str) -> None:
+        self.incarnation = incarnation
+        cmd = restarted_command(self.process.command, incarnation, self.actors, run_id)
         # Ray chose this host's GPUs (CUDA_VISIBLE_DEVICES): the plan's physical ids do not apply.
         self._spawn(cmd, {k: v for k, v in self.process.env.items() if k != "CUDA_VISIBLE_DEVICES"})
         self._say(
             f"(ray) started pid {self.proc.pid} on node {self.node}"
-            + (f", restart {self.incarnation}: {_flags(cmd)}" if self.incarnation else "")
+            + (f", restart {incarnation}: {_flags(cmd)}" if incarnation else "")
         )
 
-    def restart(self) -> HostState:
-        """Start the process again (it ended by itself), as its next incarnation."""
-        code = self.proc.poll()
+    def restart(self, incarnation: int, run_id: str) -> HostState:
+        """Start the process again (it ended by itself), as incarnation `incarnation`."""
         self._reader.join(timeout=5)
-        self._start(f"its process exited with {code}")
+        self._start(incarnation, run_id)
         return self.poll()
 
 
 class RankHost(_Child):
     """A Ray actor holding one rank of the learner. It starts nothing by itself: the driver
     reads where every rank landed (`where`), gives each its rendezvous and starts them all
-    (`launch`), and again with --resume after a failure (a restarted host waits likewise)."""
+    (`launch`), and again with --resume after a failure (on new hosts when a node was lost)."""
 
     def __init__(self, cwd: str):
         self._init_child(cwd)
@@ -275,7 +259,7 @@ def _flags(cmd: list[str]) -> str:
 # --- the driver ------------------------------------------------------------------------------
 
 
-RESTART_COLUMNS = ("process", "incarnation", "run_id", "cause", "at")
+RESTART_COLUMNS = ("process", "incarnation", "run_id", "cause", "replaced", "at")
 
 
 def cluster_resources(ray) -> tuple[dict[str, float], list[dict]]:
@@ -349,13 +333,26 @@ def describe_on_ray(plan: Plan, config, address: str | None, echo) -> None:
 
 @dataclass
 class _Held:
+    """A host as the driver sees it, across the Ray actors that held its process."""
+
     label: str
     handle: object
     rank: int | None = None  # a learner rank; None for an actor
+    bundle: int = 0  # its bundle in its placement group
     poll: object = None  # the poll in flight
     gone: bool = False
     last: str = ""  # the last line its process printed
     code: int | None = None  # its process's exit code, once gone after exiting by itself
+    incarnation: int = 0  # the driver numbers them: Ray restarts no host
+    node_id: str = ""  # where its host runs, from its last poll
+    placing: tuple[float, str, str] | None = None  # (since, cause, run id) of a host placed again
+
+
+def _event(process: str, incarnation: int, run_id: str | None, cause: str,
+           replaced: bool = True) -> dict:  # fmt: skip
+    """A row of STORE/ray/restarts-<run id>.parquet: a restart, or a process lost for good."""
+    return {"process": process, "incarnation": incarnation, "run_id": run_id, "cause": cause,
+            "replaced": replaced, "at": time.time()}  # fmt: skip
 
 
 def run_on_ray(plan: Plan, config, echo, *, address: str | None, store: str, run_id: str) -> int:
@@ -381,103 +378,129 @@ def _run_placed(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     name = f"gagpo-{run_id}"
-    groups = [placement_group(placement.learner_bundles, strategy=placement.learner_strategy,
-                              name=f"{name}-learner")]  # fmt: skip
+    events: list[dict] = []
+    learner = _Learner(ray, name, plan.learner, placement, config, events, echo)
+    groups = [learner.group]
     if placement.actor_bundles:  # none in a plan of the learner alone (a test's)
         groups.append(placement_group(placement.actor_bundles, strategy=ACTORS_STRATEGY,
                                       name=f"{name}-actors"))  # fmt: skip
-    held: list[_Held] = []
-    counter = None
-    learner = None
+    actor_host = ray.remote(ProcessHost)
+
+    def new_actor_host(h: _Held, run_id: str):
+        """Actor h's host for its incarnation, in its bundle: after a node was lost, Ray
+        places the bundle again on a node with room (now, or once the cluster has one)."""
+        bundle = placement.actor_bundles[h.bundle]
+        suffix = f"-r{h.incarnation}" if h.incarnation else ""
+        return actor_host.options(
+            name=f"{name}-{h.label.replace(' ', '-')}{suffix}", num_cpus=bundle["CPU"],
+            num_gpus=bundle.get("GPU", 0.0), max_restarts=0, max_task_retries=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(groups[-1], h.bundle),
+        ).remote(plan.actors[h.bundle], os.getcwd(), len(plan.actors), h.incarnation, run_id)  # fmt: skip
+
+    actors: list[_Held] = []
     try:
         ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups),
-                            timeout=PLACE_TIMEOUT_S)  # fmt: skip
+                            timeout=config.place_timeout_s)  # fmt: skip
         if len(ready) < len(groups):
             raise GagpoError(
-                f"the Ray cluster cannot place this run within {PLACE_TIMEOUT_S:g} s: it needs "
-                f"{placement.actor_bundles} ({ACTORS_STRATEGY}) and {placement.learner_bundles} "
+                f"the Ray cluster cannot place this run within {config.place_timeout_s:g} s: it "
+                f"needs {placement.actor_bundles} ({ACTORS_STRATEGY}) and {placement.learner_bundles} "
                 f"({placement.learner_strategy}) and has {ray.cluster_resources()}; accepted: a "
                 "cluster with those resources, or fewer actors (--actors, [run] actor_gpus)"
             )
-        counter = ray.remote(Incarnations).options(num_cpus=0, name=f"{name}-starts").remote()
-        actor_host, rank_host = ray.remote(ProcessHost), ray.remote(RankHost)
         for i, p in enumerate(plan.actors):
-            bundle = placement.actor_bundles[i]
-            handle = actor_host.options(
-                name=f"{name}-{p.label.replace(' ', '-')}", num_cpus=bundle["CPU"],
-                num_gpus=bundle.get("GPU", 0.0), max_restarts=config.actor_restarts,
-                max_task_retries=0, scheduling_strategy=PlacementGroupSchedulingStrategy(groups[1], i),
-            ).remote(p, os.getcwd(), counter, len(plan.actors))  # fmt: skip
-            held.append(_Held(p.label, handle))
-        for rank in range(placement.ranks):
-            handle = rank_host.options(
-                name=f"{name}-learner" + (f"-rank-{rank}" if rank else ""), num_cpus=1,
-                num_gpus=placement.rank_gpu, max_restarts=config.learner_restarts,
-                max_task_retries=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    groups[0], placement.rank_bundle(rank)),
-            ).remote(os.getcwd())  # fmt: skip
-            held.append(_Held("learner" if not rank else f"learner rank {rank}", handle, rank))
-        names = ", ".join(f"{name}-{h.label.replace(' ', '-')}" for h in held)
+            h = _Held(p.label, None, bundle=i)
+            h.handle = new_actor_host(h, "")  # incarnation 0: the plan's own command line
+            actors.append(h)
+        learner.make_hosts()
+        names = ", ".join(f"{name}-{h.label.replace(' ', '-')}" for h in actors + learner.hosts)
         echo(f"ray: {len(plan.actors)} actor(s) and the learner ({placement.ranks} rank(s) on "
              f"{placement.learner_nodes} node(s)) placed (placement groups "
              f"{name}-learner{f', {name}-actors' if len(groups) > 1 else ''}; Ray actors {names})")  # fmt: skip
-        learner = _Learner([h for h in held if h.rank is not None], plan.learner, placement,
-                           config.learner_restarts, echo)  # fmt: skip
-        learner.launch(ray, None)
-        return _supervise(ray, held, learner, config, echo)
+        learner.launch(None)
+        return _supervise(ray, actors, learner, config, echo, events, new_actor_host)
     finally:
         # Ended or interrupted: the learner stops between updates (SIGINT), then the actors
         # finish their groups (SIGTERM), as gagpo run stops them; then every Ray actor and
         # the placement groups of this run go.
         with contextlib.suppress(KeyboardInterrupt):
-            _stop_all(ray, held, config, echo)
-        if counter is not None:
-            with contextlib.suppress(Exception):
-                events = ray.get(counter.restarts.remote(), timeout=10)
-                events += learner.events if learner is not None else []
-                echo(_restarts_text(events))
-                write_restarts(store, run_id, events)
-        for h in held:
+            _stop_all(ray, actors, learner, config, echo)
+        for h in actors:
+            if h.placing is not None:  # placed again, and no node held it before the end
+                events.append(_event(h.label, h.incarnation, None, f"{h.placing[1]}; the run "
+                                     "ended before a node could hold it", replaced=False))  # fmt: skip
+        with contextlib.suppress(Exception):
+            echo(_restarts_text(events))
+            write_restarts(store, run_id, events)
+        for h in actors + learner.hosts:
             with contextlib.suppress(Exception):
                 ray.kill(h.handle, no_restart=True)
-        if counter is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(counter, no_restart=True)
-        for group in groups:
+        for group in groups[1:] + learner.groups:
             with contextlib.suppress(Exception):
                 remove_placement_group(group)
 
 
 class _Learner:
-    """The learner's ranks, one RankHost each: started together with their rendezvous, and
-    restarted together (with --resume, a fresh port) when one fails or its host dies, as
-    torchrun fails the job when one rank does."""
+    """The learner's ranks, one RankHost each, in a placement group of their own: started
+    together with their rendezvous, and restarted together (with --resume, a fresh port)
+    when one fails, as torchrun fails the job when one rank does. When a rank's host died
+    (its node lost), the ranks go to a new placement group, on the nodes that remain."""
 
-    def __init__(self, hosts: list[_Held], process: Process, placement: Placement,
-                 restarts: int, echo):  # fmt: skip
-        self.hosts, self.placement, self.restarts, self.echo = hosts, placement, restarts, echo
+    def __init__(self, ray, name: str, process: Process, placement: Placement, config,
+                 events: list[dict], echo):  # fmt: skip
+        self.ray, self.name, self.placement, self.echo = ray, name, placement, echo
+        self.restarts, self.timeout = config.learner_restarts, config.place_timeout_s
+        self.events = events
         self.command = list(process.per_rank)
         # Ray chose each host's GPUs: the plan's physical ids do not apply.
         self.env = {k: v for k, v in process.env.items() if k != "CUDA_VISIBLE_DEVICES"}
         self.incarnation = -1
         self.codes: list[int | None] = []
-        self.events: list[dict] = []
+        self.hosts: list[_Held] = []
+        self.groups: list = []  # every placement group made for it, the current one last
+        self.group = self._new_group()
 
-    def launch(self, ray, cause: str | None) -> None:
+    def _new_group(self):
+        from ray.util.placement_group import placement_group
+
+        suffix = f"-r{self.incarnation + 1}" if self.groups else ""
+        group = placement_group(self.placement.learner_bundles, name=f"{self.name}-learner{suffix}",
+                                strategy=self.placement.learner_strategy)  # fmt: skip
+        self.groups.append(group)
+        return group
+
+    def make_hosts(self) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        rank_host = self.ray.remote(RankHost)
+        suffix = f"-r{self.incarnation + 1}" if self.incarnation >= 0 else ""
+        self.hosts = []
+        for rank in range(self.placement.ranks):
+            handle = rank_host.options(
+                name=f"{self.name}-learner" + (f"-rank-{rank}" if rank else "") + suffix,
+                num_cpus=1, num_gpus=self.placement.rank_gpu, max_restarts=0, max_task_retries=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.group, self.placement.rank_bundle(rank)),
+            ).remote(os.getcwd())  # fmt: skip
+            label = "learner" if not rank else f"learner rank {rank}"
+            self.hosts.append(_Held(label, handle, rank))
+
+    def launch(self, cause: str | None) -> None:
+        ray = self.ray
         self.incarnation += 1
         if cause is not None:
-            self.events.append({"process": "learner", "incarnation": self.incarnation,
-                                "run_id": None, "cause": cause, "at": time.time()})  # fmt: skip
+            self.events.append(_event("learner", self.incarnation, None, cause))
         cmd = resumed_command(self.command) if self.incarnation else self.command
         world = self.placement.ranks
-        places = ray.get([h.handle.where.remote() for h in self.hosts], timeout=PLACE_TIMEOUT_S)
+        places = ray.get([h.handle.where.remote() for h in self.hosts], timeout=self.timeout)
         envs = [{}]
         if world > 1:
             port = ray.get(self.hosts[0].handle.free_port.remote(), timeout=60)
             envs = rendezvous(places, self.placement.per_node, port)
         states = ray.get([h.handle.launch.remote(cmd, self.env | env, self.incarnation, h.rank, world)
-                          for h, env in zip(self.hosts, envs, strict=True)], timeout=PLACE_TIMEOUT_S)  # fmt: skip
+                          for h, env in zip(self.hosts, envs, strict=True)], timeout=self.timeout)  # fmt: skip
         for h, state in zip(self.hosts, states, strict=True):
+            h.node_id = state.node_id
             for line in state.lines:
                 self.echo(f"[{h.label}] {line}")
         self.codes = [None] * world
@@ -495,59 +518,107 @@ class _Learner:
         return self.failed(f"rank {rank}'s process exited with {state.returncode}",
                            state.returncode)  # fmt: skip
 
-    def failed(self, cause: str, code: int):
-        """One rank failed: every rank stops; the learner starts again if it may."""
-        import ray
-
+    def failed(self, cause: str, code: int, host_lost: bool = False):
+        """One rank failed (`host_lost`: its host died): every rank stops; the learner
+        starts again if it may, on new hosts in a new placement group after a lost host."""
+        ray = self.ray
         if self.incarnation >= self.restarts:
-            self.echo(f"[learner] (ray) {cause}; no restart left (run.learner_restarts)")
+            self.echo(f"[learner] (ray) {cause}; no restart left (run.learner_restarts = "
+                      f"{self.restarts})")  # fmt: skip
+            self.events.append(_event("learner", self.incarnation + 1, None,
+                                      f"{cause}; no restart left", replaced=False))  # fmt: skip
             return code
-        self.echo(f"[learner] (ray) {cause}; every rank restarts with --resume")
+        where = " on a new placement group" if host_lost else ""
+        self.echo(f"[learner] (ray) {cause}; every rank restarts with --resume{where}")
         for h in self.hosts:
             h.poll = None
-            with contextlib.suppress(Exception):  # a dead host: Ray restarts it, it waits
+            with contextlib.suppress(Exception):  # a dead host answers at once with its death
                 ray.get(h.handle.stop.remote(signal.SIGTERM, 10.0), timeout=60)
+        if host_lost:
+            self._place_again(cause)
         try:
-            self.launch(ray, cause)
+            self.launch(cause)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             self.echo(f"[learner] (ray) cannot start its ranks again ({type(exc).__name__})")
             return code or 1
         return None
 
+    def _place_again(self, cause: str) -> None:
+        """New hosts in a new placement group of the same bundles, once the cluster holds it
+        (an autoscaling cluster may add a node meanwhile); else one line naming what is missing."""
+        from ray.util.placement_group import remove_placement_group
 
-def _supervise(ray, held: list[_Held], learner: _Learner, config, echo) -> int:
-    """Relay every host's output until the learner ends; restart what ended by itself."""
-    from ray.exceptions import ActorDiedError, RayActorError
+        ray = self.ray
+        for h in self.hosts:
+            with contextlib.suppress(Exception):
+                ray.kill(h.handle, no_restart=True)
+        with contextlib.suppress(Exception):  # its bundles elsewhere are free again
+            remove_placement_group(self.group)
+        self.group = self._new_group()
+        needs = f"{self.placement.learner_bundles} ({self.placement.learner_strategy})"
+        self.echo(f"[learner] (ray) waiting up to {self.timeout:g} s for the Ray cluster to hold "
+                  f"{needs}")  # fmt: skip
+        ready, _ = ray.wait([self.group.ready()], timeout=self.timeout)
+        if not ready:
+            self.events.append(_event("learner", self.incarnation + 1, None,
+                                      f"{cause}; no node could hold it", replaced=False))  # fmt: skip
+            total, nodes = cluster_resources(ray)
+            free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+            raise GagpoError(
+                f"the learner's host was lost ({cause}) and the Ray cluster could not place it "
+                f"again within {self.timeout:g} s: it needs {needs}, and the cluster has "
+                f"{_resources_text(free)} free of {describe_resources(total, nodes)}; accepted: "
+                "a cluster with room for it (nodes added, or an autoscaling cluster), or a "
+                "longer run.place_timeout_s"
+            )
+        self.make_hosts()
 
-    actors = [h for h in held if h.rank is None]
+
+def _resources_text(resources: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}(s)" for k, v in sorted(resources.items())) or "nothing"
+
+
+def _death(ray, h: _Held) -> str:
+    """Why a host died, as far as the driver can tell: its node lost, or the host itself."""
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    if h.node_id and h.node_id not in alive:
+        return f"its node {h.node_id[:8]} was lost"
+    return "its Ray actor died"
+
+
+def _supervise(ray, actors: list[_Held], learner: _Learner, config, echo, events: list[dict],
+               new_actor_host) -> int:  # fmt: skip
+    """Relay every host's output until the learner ends; restart what ended by itself, and
+    place again what a lost node (or a killed host) took, within the restart bounds."""
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
     while True:
-        for h in held:
+        hosts = actors + learner.hosts
+        for h in hosts:
             if h.poll is None and not h.gone:
                 h.poll = h.handle.poll.remote()
-        pending = [h.poll for h in held if h.poll is not None]
+        pending = [h.poll for h in hosts if h.poll is not None]
         ready, _ = ray.wait(pending, num_returns=len(pending), timeout=2 * POLL_S)
-        for h in held:
+        for h in hosts:
             if h.poll is None or h.poll not in ready:
-                continue  # a host Ray is restarting answers once it is back
+                continue  # a host not yet placed again answers once it is
             ref, h.poll = h.poll, None
             try:
                 state: HostState = ray.get(ref)
-            except ActorDiedError:  # for good: its restarts are spent
-                h.gone = True
-                echo(f"[{h.label}] (ray) died and will not be restarted "
-                     "(run.actor_restarts / run.learner_restarts spent)")  # fmt: skip
-                if h.rank is not None:
-                    return 1
-                if all(x.gone for x in actors):
-                    echo("ray: every actor is gone; the learner is stopped")
-                    return 1
-                continue
-            except RayActorError:  # it died; Ray is restarting it (a new incarnation)
-                echo(f"[{h.label}] (ray) died; Ray restarts it")
-                if h.rank is not None and (code := learner.failed(
-                        f"rank {h.rank}'s Ray actor died", 1)) is not None:  # fmt: skip
+            except ActorUnavailableError:
+                continue  # unreachable for now: asked again next round
+            except RayActorError:  # its host died; Ray restarts none, the driver decides
+                if h.rank is None:
+                    _actor_host_died(ray, h, _death(ray, h), config, echo, events, new_actor_host)
+                    continue
+                code = learner.failed(f"rank {h.rank}: {_death(ray, h)}", 1, host_lost=True)
+                if code is not None:
                     return code
-                continue
+                break  # the learner's hosts are new ones: polled afresh
+            h.node_id = state.node_id
+            if h.placing is not None:  # a host placed again answers: the restart happened
+                events.append(_event(h.label, h.incarnation, h.placing[2], h.placing[1]))
+                h.placing = None
             for line in state.lines:
                 echo(f"[{h.label}] {line}")
                 if line.strip() and not line.startswith("(ray) "):
@@ -561,15 +632,56 @@ def _supervise(ray, held: list[_Held], learner: _Learner, config, echo) -> int:
             if state.incarnation >= config.actor_restarts:
                 h.gone, h.code = True, state.returncode
                 echo(f"[{h.label}] (ray) exited with {state.returncode}; no restart left")
-                if all(x.gone for x in actors):
-                    if all(x.code for x in actors):  # each said why: that is the run's line
-                        raise GagpoError(_actors_failed(actors))
-                    echo("ray: every actor is gone; the learner is stopped")
-                    return 1
+                if state.returncode:
+                    events.append(_event(h.label, h.incarnation + 1, None, f"its process exited "
+                                         f"with {state.returncode}; no restart left", replaced=False))  # fmt: skip
                 continue
             echo(f"[{h.label}] (ray) exited with {state.returncode}; restarting it")
-            h.poll = h.handle.restart.remote()
+            h.incarnation, run_id = h.incarnation + 1, _new_run_id()
+            events.append(_event(h.label, h.incarnation, run_id,
+                                 f"its process exited with {state.returncode}"))  # fmt: skip
+            h.poll = h.handle.restart.remote(h.incarnation, run_id)
+        _give_up_placing(ray, actors, config, echo, events)
+        if actors and all(h.gone for h in actors):
+            if all(h.code for h in actors):  # each said why: that is the run's line
+                raise GagpoError(_actors_failed(actors))
+            echo("ray: every actor is gone; the learner is stopped")
+            return 1
         time.sleep(POLL_S)
+
+
+def _actor_host_died(ray, h: _Held, cause: str, config, echo, events, new_actor_host) -> None:
+    """An actor's host died (its node lost, or killed): a new host in its bundle, which Ray
+    places again on a node with room, while restarts are left; else it is lost."""
+    with contextlib.suppress(Exception):
+        ray.kill(h.handle, no_restart=True)
+    if h.incarnation >= config.actor_restarts:
+        h.gone = True
+        echo(f"[{h.label}] (ray) {cause}; lost, not replaced: no restart left "
+             f"(run.actor_restarts = {config.actor_restarts})")  # fmt: skip
+        events.append(_event(h.label, h.incarnation + 1, None, f"{cause}; no restart left",
+                             replaced=False))  # fmt: skip
+        return
+    h.incarnation, run_id = h.incarnation + 1, _new_run_id()
+    h.handle = new_actor_host(h, run_id)
+    h.placing = (time.monotonic(), cause, run_id)
+    echo(f"[{h.label}] (ray) {cause}; placing it again (restart {h.incarnation} of "
+         f"{config.actor_restarts}; up to {config.place_timeout_s:g} s for a node with room)")  # fmt: skip
+
+
+def _give_up_placing(ray, actors: list[_Held], config, echo, events) -> None:
+    """An actor placed again that no node took within run.place_timeout_s is lost."""
+    for h in actors:
+        if h.placing is None or time.monotonic() - h.placing[0] < config.place_timeout_s:
+            continue
+        with contextlib.suppress(Exception):
+            ray.kill(h.handle, no_restart=True)
+        free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+        echo(f"[{h.label}] (ray) lost, not replaced: no node could hold it within "
+             f"{config.place_timeout_s:g} s (the cluster has {_resources_text(free)} free)")  # fmt: skip
+        events.append(_event(h.label, h.incarnation, None, f"{h.placing[1]}; no node could hold "
+                             f"it within {config.place_timeout_s:g} s", replaced=False))  # fmt: skip
+        h.gone, h.poll, h.placing = True, None, None
 
 
 def _actors_failed(actors: list[_Held]) -> str:
@@ -581,10 +693,9 @@ def _actors_failed(actors: list[_Held]) -> str:
             f"stopped; {why}")  # fmt: skip
 
 
-def _stop_all(ray, held: list[_Held], config, echo) -> None:
-    ranks = [h for h in held if h.rank is not None]
-    actors = [h for h in held if h.rank is None]
-    for group, sig in ((ranks, signal.SIGINT), (actors, signal.SIGTERM)):
+def _stop_all(ray, actors: list[_Held], learner: _Learner, config, echo) -> None:
+    running = [h for h in actors if not h.gone and h.placing is None]
+    for group, sig in ((learner.hosts, signal.SIGINT), (running, signal.SIGTERM)):
         refs = [(h, h.handle.stop.remote(sig, config.stop_timeout_s)) for h in group]
         for h, ref in refs:
             try:
@@ -599,13 +710,19 @@ def _stop_all(ray, held: list[_Held], config, echo) -> None:
 
 
 def _restarts_text(events: list[dict]) -> str:
-    learner = sum(1 for e in events if e["process"] == "learner")
+    """`ray: 1 actor restart(s), 1 learner restart(s), 0 lost (not replaced) (actor 0 ×1, …)`:
+    restarts of actors and of the learner, and processes lost for good, counted apart."""
+    restarted = [e for e in events if e.get("replaced", True)]
+    lost = sorted(e["process"] for e in events if not e.get("replaced", True))
+    learner = sum(1 for e in restarted if e["process"] == "learner")
     each: dict[str, int] = {}
-    for e in events:
+    for e in restarted:
         each[e["process"]] = each.get(e["process"], 0) + 1
-    listed = ", ".join(f"{label} ×{n}" for label, n in sorted(each.items()))
-    return (f"ray: {len(events) - learner} actor restart(s), {learner} learner restart(s)"
-            + (f" ({listed})" if listed else ""))  # fmt: skip
+    details = [", ".join(f"{label} ×{n}" for label, n in sorted(each.items()))] if each else []
+    if lost:
+        details.append("lost: " + ", ".join(lost))
+    return (f"ray: {len(restarted) - learner} actor restart(s), {learner} learner restart(s), "
+            f"{len(lost)} lost (not replaced)" + (f" ({'; '.join(details)})" if details else ""))  # fmt: skip
 
 
 def restarts_path(store, run_id: str) -> str:
@@ -615,8 +732,9 @@ def restarts_path(store, run_id: str) -> str:
 
 
 def write_restarts(store_url: str, run_id: str, events: list[dict]) -> None:
-    """STORE/ray/restarts-<run id>.parquet: one row per restart of this run (none: an empty
-    file, so a run without restarts says so too), committed atomically as every file."""
+    """STORE/ray/restarts-<run id>.parquet: one row per restart of this run, and per process
+    lost for good (`replaced` false); none: an empty file, so a run without restarts says so
+    too. Committed atomically as every file."""
     import pyarrow as pa
 
     from gagpo.schemas.store import Store
@@ -624,12 +742,10 @@ def write_restarts(store_url: str, run_id: str, events: list[dict]) -> None:
     store = Store(store_url)
     schema = pa.schema([("process", pa.string()), ("incarnation", pa.int32()),
                         ("run_id", pa.string()), ("cause", pa.string()),
-                        ("at", pa.timestamp("ms", tz="UTC"))])  # fmt: skip
+                        ("replaced", pa.bool_()), ("at", pa.timestamp("ms", tz="UTC"))])  # fmt: skip
     rows = sorted(events, key=lambda e: e["at"])
-    table = pa.table({"process": [e["process"] for e in rows],
-                      "incarnation": [e["incarnation"] for e in rows],
-                      "run_id": [e["run_id"] for e in rows], "cause": [e["cause"] for e in rows],
-                      "at": [int(e["at"] * 1000) for e in rows]}, schema=schema)  # fmt: skip
+    table = pa.table({name: [e[name] for e in rows] for name in RESTART_COLUMNS[:-1]}
+                     | {"at": [int(e["at"] * 1000) for e in rows]}, schema=schema)  # fmt: skip
     store.write_parquet(
         table, restarts_path(store, run_id), {b"gagpo.launch_run_id": run_id.encode()}
     )

@@ -55,6 +55,9 @@ class RunConfig(Config):
     """With --ray: times each actor is restarted (fresh run id and seeds) after it died."""
     learner_restarts: int = Field(2, ge=0, le=100)
     """With --ray: times the learner is started again with --resume after it failed."""
+    place_timeout_s: float = Field(300.0, gt=0.0, le=86_400.0)
+    """With --ray: seconds the cluster may take to place the run, or to place a process again
+    after its node was lost (an autoscaling cluster adds nodes meanwhile); then one line."""
     learner_nodes: int = Field(0, ge=0, le=64)
     """With --ray: nodes the learner's ranks span, split evenly; 0: one node if one holds them."""
     report: bool = True

@@ -91,7 +91,7 @@ def outage(work: Path, updates: int = 6, outage_s: float = 2.0, period_s: float 
     from gagpo.schemas.store import Store
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    from tests.test_store_faults import Emulator  # moto on a loopback port that can restart
+    from tests.helpers.s3 import Emulator  # moto on a loopback port that can restart
 
     endpoint = Emulator()
     endpoint.start()
@@ -188,3 +188,12 @@ def full_disk(work: Path) -> dict:
 
 
 CASES = {"race": race, "outage": outage, "full-disk": full_disk}
+
+
+def _round4():
+    from round4 import CASES as ROUND4  # issue 33: node loss, Ctrl-C and SIGTERM
+
+    return ROUND4
+
+
+CASES |= _round4()

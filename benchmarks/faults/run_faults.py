@@ -350,8 +350,9 @@ def main() -> None:
     parser.add_argument("--work", help="folder for the stores and logs (default: a temp folder)")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--cases", default="kills",
-                        help="comma-separated: kills (the run above), and issue 21's race, "
-                        "outage, full-disk (benchmarks/faults/cases.py)")  # fmt: skip
+                        help="comma-separated: kills (the run above), issue 21's race, "
+                        "outage, full-disk (benchmarks/faults/cases.py) and issue 33's "
+                        "node-loss, process-group (benchmarks/faults/round4.py)")  # fmt: skip
     args = parser.parse_args()
     plan = Plan(**{k: getattr(args, k) for k in asdict(Plan())})
     work = Path(args.work or tempfile.mkdtemp(prefix="gagpo-faults-"))
