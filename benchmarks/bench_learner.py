@@ -41,7 +41,7 @@ from gagpo.learner.model import action_logprobs, load_model
 from gagpo.learner.train import make_optimizer, run_update, train
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 
 def build_model(folder: Path, vocab: int, hidden: int, layers: int) -> Path:

@@ -130,7 +130,7 @@ def measure(url: str, repeat: int) -> tuple[dict[str, scale.Cell], dict]:
     first query is, as `open`)."""
     from gagpo.pipeline.sql import Limits
     from gagpo.pipeline.view import data
-    from gagpo.workflows.view import SokobanOracle
+    from gagpo.workflows.view import EnvironmentOracle
 
     data.REFRESH_S = float("inf")  # one connection for the whole measurement
     limits = Limits(timeout_s=0)
@@ -144,7 +144,7 @@ def measure(url: str, repeat: int) -> tuple[dict[str, scale.Cell], dict]:
     group = ids[len(ids) // 2]["group_id"]
     tag = session.rows("SELECT estimator FROM estimators ORDER BY estimator")[0]["estimator"]
     compare = [(name, {}) for name in ("grpo", "gigpo", "gagpo_lambda0", "gagpo")]
-    oracle = SokobanOracle()
+    oracle = EnvironmentOracle()
     calls = {
         "run": lambda: data.run_data(session),
         "groups": lambda: data.group_list(session),

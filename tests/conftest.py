@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.s3 import Emulator, free_port
+
 _SCRATCH = Path(tempfile.mkdtemp(prefix="gagpo-tests-"))
 (_SCRATCH / "home").mkdir(exist_ok=True)
 (_SCRATCH / "tmp").mkdir(exist_ok=True)
@@ -26,3 +28,72 @@ def store_dir(tmp_path: Path) -> Path:
     root = tmp_path / "store"
     root.mkdir()
     return root
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The learner tests' models are tiny: one thread is faster than two contended ones.
+    A module takes it with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """A moto S3 server on loopback with a bucket `gagpo`, and credentials in the
+    environment for s3fs."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {
+        k: os.environ.get(k)
+        for k in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_ENDPOINT_URL",
+            "AWS_DEFAULT_REGION",
+        )
+    }
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="test",
+        AWS_SECRET_ACCESS_KEY="test",
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="gagpo")
+    yield endpoint
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def emulator(monkeypatch):
+    """An S3 emulator with a bucket `outage` that a test may stop and start again."""
+    import boto3
+    import s3fs
+
+    emu = Emulator()
+    emu.start()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", emu.endpoint)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries would hide ours
+    boto3.client("s3", endpoint_url=emu.endpoint).create_bucket(Bucket="outage")
+    s3fs.S3FileSystem.clear_instance_cache()  # instances hold their endpoint
+    yield emu
+    s3fs.S3FileSystem.clear_instance_cache()
+    emu.stop()

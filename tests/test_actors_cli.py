@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,51 +13,79 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from gagpo.actors.envs.base import INVALID_ACTION_PENALTY
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
 from gagpo.schemas.validate import validate_steps
+from tests.helpers.actors import ACTORS, needs, run_actors
+from tests.helpers.steps import make_steps
 
-ACTORS = [sys.executable, "-m", "gagpo.actors.cli"]
 
-
-def run_actors(
-    *args: str, timeout: float = 300, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*ACTORS, "--quiet", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
+# What else an environment's shards show, beyond what every environment's do.
+def meets_states_again(steps: pl.DataFrame) -> None:
+    """Rollouts meet identical states again: some later state is shared by several rollouts."""
+    shared_later = (
+        steps.filter(pl.col(C.STEP) > 0)
+        .group_by(C.GROUP_ID, C.STATE_KEY)
+        .agg(pl.col(C.TRAJ_ID).n_unique().alias("n"))
+        .filter(pl.col("n") > 1)
     )
+    assert shared_later.height > 0
 
 
-@pytest.mark.parametrize("env_name", ["sokoban", "household"])
-def test_actors_write_valid_grouped_shards(store_dir: Path, env_name: str):
-    G = 4
+def starts_at_the_search_page(steps: pl.DataFrame) -> None:
+    assert (steps.filter(pl.col(C.STEP) == 0)[C.STATE_KEY] == "search").all()
+
+
+def rewards_are_outcomes_or_the_penalty(steps: pl.DataFrame) -> None:
+    rewards = steps[C.REWARD].cast(pl.Float64).round(4)
+    assert rewards.is_in([0.0, 1.0, INVALID_ACTION_PENALTY]).all()
+
+
+def some_replies_are_invalid(steps: pl.DataFrame) -> None:
+    """The tiny policy does not speak these games' move formats."""
+    assert (~steps[C.ACTION_VALID]).sum() > 0
+
+
+PER_SHARD = 2  # --groups-per-shard: 3 groups make a shard of 2 and one of 1
+# env, groups, group size, its other options, what else its shards show
+SHARD_CASES = [
+    pytest.param("sokoban", 3, 4, ["--max-turns", "6", "--seed", "11"], [meets_states_again],
+                 id="sokoban"),
+    pytest.param("household", 3, 4, ["--max-turns", "6", "--seed", "11"], [meets_states_again],
+                 id="household"),
+    pytest.param("webshop", 2, 3, ["--max-turns", "4", "--seed", "5"],
+                 [starts_at_the_search_page], id="webshop"),
+    pytest.param("textworld", 2, 2, ["--max-turns", "3", "--seed", "3"], [],
+                 marks=[pytest.mark.slow, needs("textworld")], id="textworld"),
+    pytest.param("alfworld", 2, 2, ["--max-turns", "3", "--seed", "3"],
+                 [rewards_are_outcomes_or_the_penalty],
+                 marks=[pytest.mark.slow, needs("alfworld", "textworld", "fast_downward")],
+                 id="alfworld"),
+    pytest.param("textarena/TowerOfHanoi-v0", 2, 3, ["--max-turns", "4", "--seed", "3"],
+                 [some_replies_are_invalid], marks=[pytest.mark.slow, needs("textarena")],
+                 id="textarena"),
+    pytest.param("gem/game:GuessTheNumber-v0-easy", 2, 3, ["--max-turns", "4", "--seed", "3"],
+                 [some_replies_are_invalid], marks=[pytest.mark.slow, needs("gem")], id="gem"),
+    pytest.param("reasoning_gym/leg_counting", 2, 3,
+                 ["--max-turns", "4", "--seed", "3", "--set", "env_options.size=20"], [],
+                 marks=[pytest.mark.slow, needs("reasoning_gym")], id="reasoning_gym"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("env_name, groups, G, options, checks", SHARD_CASES)
+def test_actors_write_valid_grouped_shards(store_dir: Path, env_name, groups, G, options, checks):
     result = run_actors(
-        "--store",
-        str(store_dir),
-        "--env",
-        env_name,
-        "--policy",
-        "tiny",
-        "--groups",
-        "3",
-        "--group-size",
-        str(G),
-        "--max-turns",
-        "6",
-        "--seed",
-        "11",
-        "--groups-per-shard",
-        "2",
+        *("--store", str(store_dir), "--env", env_name, "--policy", "tiny"),
+        *("--groups", str(groups), "--group-size", str(G), "--groups-per-shard", str(PER_SHARD)),
+        *options,
+        timeout=600,
     )
-    assert result.returncode == 0, result.stderr
-    assert "3 groups, 12 rollouts" in result.stdout
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{groups} groups, {groups * G} rollouts" in result.stdout
     store = Store(str(store_dir))
     refs = store.list_shards()
-    assert len(refs) == 2  # 2 groups + 1 group
+    assert len(refs) == -(-groups // PER_SHARD)
 
     for ref in refs:
         # pyarrow reads the file as it is, metadata included, and it satisfies the contract.
@@ -83,18 +110,10 @@ def test_actors_write_valid_grouped_shards(store_dir: Path, env_name: str):
             pl.col(C.STATE_KEY).n_unique().alias("starts"),
         )
     )
-    assert first.height == 3
-    assert first["rollouts"].to_list() == [G] * 3
-    assert first["starts"].to_list() == [1] * 3
-
-    # Rollouts meet identical states again: some later state is shared by several rollouts.
-    shared_later = (
-        steps.filter(pl.col(C.STEP) > 0)
-        .group_by(C.GROUP_ID, C.STATE_KEY)
-        .agg(pl.col(C.TRAJ_ID).n_unique().alias("n"))
-        .filter(pl.col("n") > 1)
-    )
-    assert shared_later.height > 0
+    assert first.height == groups
+    assert first["rollouts"].to_list() == [G] * groups
+    assert first["starts"].to_list() == [1] * groups
+    assert steps[C.TRAJ_ID].n_unique() == groups * G
 
     # Contract details: token lists aligned, rewards finite, terminal rows have no next state.
     assert (steps[C.ACTION_IDS].list.len() == steps[C.BEHAVIOR_LOGPROBS].list.len()).all()
@@ -102,6 +121,10 @@ def test_actors_write_valid_grouped_shards(store_dir: Path, env_name: str):
     assert steps.filter(pl.col(C.DONE))[C.NEXT_STATE_KEY].null_count() == steps[C.DONE].sum()
     assert steps.filter(~pl.col(C.DONE))[C.NEXT_STATE_KEY].null_count() == 0
     assert (steps[C.BEHAVIOR_LOGPROBS].list.max() <= 0).all()
+    assert steps.filter(pl.col(C.WON))[C.DONE].all()  # won only on a terminating step
+
+    for check in checks:
+        check(steps)
 
 
 def test_two_actors_into_one_store_collide_on_nothing(store_dir: Path):
@@ -143,7 +166,7 @@ _SLOW_COMMIT = """
 import os, sys, time
 import pyarrow as pa
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 real_fsync = os.fsync
 def slow_fsync(fd):
     print("writing", flush=True)
@@ -156,9 +179,7 @@ Store(sys.argv[1]).write_shard(make_steps(shard_id="torn"), group_size=3)
 
 def test_sigkill_during_commit_leaves_nothing_visible(store_dir: Path):
     store = Store(str(store_dir))
-    store.write_shard(
-        __import__("tests.steps_factory").steps_factory.make_steps(shard_id="ok"), group_size=3
-    )
+    store.write_shard(make_steps(shard_id="ok"), group_size=3)
     proc = subprocess.Popen(
         [sys.executable, "-c", _SLOW_COMMIT, str(store_dir)],
         stdout=subprocess.PIPE,

@@ -14,21 +14,13 @@ import sys
 from pathlib import Path
 
 import polars as pl
-import pyarrow.parquet as pq
 import pytest
 
 from gagpo.actors.envs import environment_names, make_env
 from gagpo.actors.envs.textarena_env import hanoi_moves
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.validate import validate_steps
-
-
-def needs(module: str):
-    return pytest.mark.skipif(
-        __import__("importlib").util.find_spec(module) is None,
-        reason=f"{module} is not installed (make install installs it)",
-    )
+from tests.helpers.actors import needs
 
 
 def play(env, replies):
@@ -181,44 +173,9 @@ def test_families_are_listed_and_an_empty_name_is_unknown():
         make_env("textarena/", 3)
 
 
-# -- tiny policy into shards ---------------------------------------------------------------
+# -- into shards (the tiny policy's: tests/test_actors_cli.py) -----------------------------
 
 ACTORS = [sys.executable, "-m", "gagpo.actors.cli", "--quiet"]
-SHARD_CASES = [
-    # (env, extra args, whether the tiny policy's replies must include invalid ones)
-    pytest.param("textarena/TowerOfHanoi-v0", [], True, marks=needs("textarena")),
-    pytest.param("gem/game:GuessTheNumber-v0-easy", [], True, marks=needs("gem")),
-    pytest.param("reasoning_gym/leg_counting", ["--set", "env_options.size=20"], False,
-                 marks=needs("reasoning_gym")),
-]  # fmt: skip
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("env_name, extra, some_invalid", SHARD_CASES)
-def test_tiny_policy_plays_library_games_into_valid_shards(
-    env_name, extra, some_invalid, store_dir: Path
-):
-    G = 3
-    result = subprocess.run(
-        [*ACTORS, "--store", str(store_dir), "--env", env_name, "--policy", "tiny",
-         "--groups", "2", "--group-size", str(G), "--max-turns", "4", "--seed", "3", *extra],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    shards = sorted(store_dir.glob("shards/run=*/*.parquet"))
-    assert shards
-    for path in shards:
-        table = pq.read_table(path)
-        validate_steps(table, table.schema.metadata)
-    steps = pl.read_parquet(shards)
-    assert steps[C.ENV].unique().to_list() == [env_name]
-    assert steps[C.TRAJ_ID].n_unique() == 2 * G
-    assert steps.filter(pl.col(C.STEP) == 0).group_by(C.GROUP_ID).agg(
-        pl.col(C.STATE_KEY).n_unique()
-    )[C.STATE_KEY].to_list() == [1, 1]
-    if some_invalid:  # the tiny policy does not speak these games' move formats
-        assert (~steps[C.ACTION_VALID]).sum() > 0
-    assert steps.filter(pl.col(C.WON))[C.DONE].all()
 
 
 @pytest.mark.slow

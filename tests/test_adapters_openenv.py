@@ -1,5 +1,5 @@
 """The OpenEnv HTTP adapter (`--env openenv+http://HOST:PORT`) against a loopback server
-the test starts (tests/openenv_loopback.py), including a server that dies mid-rollout:
+the test starts (tests/helpers/openenv_loopback.py), including a server that dies mid-rollout:
 that group is lost alone, with one line, and the actor carries on."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class Server:
     """One loopback server process; `stop()` ends it by its own PID."""
 
     def __init__(self, port: int = 0, die_after: int | None = None) -> None:
-        args = [sys.executable, "-m", "tests.openenv_loopback", "--port", str(port)]
+        args = [sys.executable, "-m", "tests.helpers.openenv_loopback", "--port", str(port)]
         if die_after is not None:
             args += ["--die-after", str(die_after)]
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, text=True)

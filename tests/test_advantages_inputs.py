@@ -9,7 +9,7 @@ from polars.testing import assert_frame_equal
 from gagpo.pipeline import compute_advantages, parse_estimator_config
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import ValidationError
-from tests.test_advantages import rollout, steps_frame
+from tests.helpers.advantages import rollout, steps_frame
 
 GOOD = steps_frame(
     {

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from gagpo.pipeline import compute_advantages, parse_estimator_config
 from gagpo.pipeline.config import ESTIMATOR_NAMES, NORMS
 from gagpo.schemas import columns as C
-from tests.test_advantages import assert_matches_reference, rollout, steps_frame
+from tests.helpers.advantages import assert_matches_reference, rollout, steps_frame
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 rewards = st.one_of(

@@ -12,16 +12,14 @@ import shutil
 import sys
 from pathlib import Path
 
-import polars as pl
 import pytest
 
 from gagpo.actors.envs.alfworld_data import find_games, scan
 from gagpo.actors.envs.alfworld_env import ALFWorld
 from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Environment
 from gagpo.actors.envs.pddl_gen import SCENES, TASK_TYPES, Knowledge, generate_task
-from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from tests.test_textworld import check_shards, run_actors_with
+from tests.helpers.actors import run_actors_with
 
 
 def needs_alfworld() -> None:
@@ -319,13 +317,3 @@ def test_plays_game_files_from_a_folder(tmp_path: Path) -> None:
     (trial / "game.tw-pddl").write_text(json.dumps(unsolvable))
     with pytest.raises(GagpoError, match=rf"ALFWorld's engine cannot play {re.escape(str(trial))}"):
         ALFWorld(data_dir=trial).reset(0)
-
-
-@pytest.mark.slow
-def test_actors_write_valid_alfworld_shards(store_dir: Path) -> None:
-    needs_alfworld()
-    result = run_actors_with("alfworld", store_dir, "--groups", "2",
-                             "--group-size", "2", "--max-turns", "3", "--seed", "3")  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    steps = check_shards(store_dir, "alfworld", groups=2, group_size=2)
-    assert steps[C.REWARD].cast(pl.Float64).round(4).is_in([0.0, 1.0, INVALID_ACTION_PENALTY]).all()

@@ -18,7 +18,7 @@ from gagpo.learner.feed import STALE, Feed, Ledger, pipeline_advantages
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 ADV = pipeline_advantages(GagpoConfig())

@@ -46,8 +46,7 @@ from gagpo.schemas.archive import (
 )
 from gagpo.schemas.compaction import SORT_KEYS, compact
 from gagpo.schemas.store import ADVANTAGES, ShardRef, Store
-from tests.steps_factory import make_steps
-from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
+from tests.helpers.steps import make_steps
 
 FULL_KEYS = [(C.GROUP_ID, "ascending"), (C.TRAJ_ID, "ascending"), (C.STEP, "ascending")]
 
@@ -800,7 +799,7 @@ def test_cli_refuses_while_a_live_learner_holds_the_lease(tmp_path: Path):
 
 
 # --- 6. an object store ------------------------------------------------------------------
-def test_compact_all_on_s3(s3_endpoint, tmp_path):  # noqa: F811
+def test_compact_all_on_s3(s3_endpoint, tmp_path):
     url = f"s3://gagpo/{tmp_path.name}"
     store = Store(url, skip_instance_cache=True)
     refs = fill(store, 5)

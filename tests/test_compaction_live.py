@@ -117,8 +117,8 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(tmp_path: Pat
     compaction), then --resume: one lineage, every group trained once, and the next
     compaction finishes what the killed one left (nothing unnamed left in the archive)."""
     from gagpo.schemas.archive import ARCHIVE, LEDGER_PARTS, SEGMENTS
-    from tests.test_learner_support import ROOT, learner_cmd, tiny_model_dir, write_shards
-    from tests.test_resume_lineage import UPDATES, B, args, assert_one_lineage, kill_at
+    from tests.helpers.learner import ROOT, learner_cmd, tiny_model_dir, write_shards
+    from tests.helpers.lineage import UPDATES, B, assert_one_lineage, kill_at, lineage_args
 
     store_dir = tmp_path / "store"
     store = Store(str(store_dir))
@@ -128,7 +128,7 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(tmp_path: Pat
     compaction = ["--set", "compaction.every_updates=1"]
     kill_at(store_dir, f"{phase}:2", tmp_path, *compaction)
     before = read_manifest(store)
-    done = subprocess.run(learner_cmd(*args(store_dir, "--resume"), *compaction), cwd=ROOT,
+    done = subprocess.run(learner_cmd(*lineage_args(store_dir, "--resume"), *compaction), cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -19,7 +19,7 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
 from gagpo.workflows import credit
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 
 @pytest.fixture(scope="module")
@@ -111,14 +111,18 @@ def test_the_printed_sql_reproduces_the_table(sokoban_store, comparison):
 
 
 def test_oracle_labels_the_solver_moves():
-    from gagpo.actors.envs.sokoban import parse_grid, push, render, solve
+    from gagpo.actors.envs import step_oracle
+    from gagpo.actors.envs.sokoban import moves_to_go, parse_grid, push, render, solve
 
+    oracle = step_oracle("sokoban")  # declared by the class, found without naming it here
+    assert oracle is not None and step_oracle("household") is None
     grid = "#####\n#@$.#\n#___#\n#___#\n#####"  # one push right solves it
-    assert credit.moves_to_go(grid) == 1 and credit.optimal_moves(grid) == {"right"}
-    assert credit.moves_to_go(render(push(parse_grid(grid), "right"))) == 0  # solved: no label
-    assert credit.optimal_moves(render(push(parse_grid(grid), "right"))) == frozenset()
+    assert moves_to_go(grid) == 1 and oracle.optimal_moves(grid) == {"right"}
+    assert moves_to_go(render(push(parse_grid(grid), "right"))) == 0  # solved: no label
+    assert oracle.optimal_moves(render(push(parse_grid(grid), "right"))) == frozenset()
     stuck = "#####\n#$@.#\n#___#\n#___#\n#####"  # the box in a corner: unsolvable
-    assert credit.moves_to_go(stuck) is None and solve(parse_grid(stuck), 8) is None
+    assert moves_to_go(stuck) is None and solve(parse_grid(stuck), 8) is None
+    assert oracle.parse_move("Action: right") == "right" and oracle.parse_move("jump") is None
 
 
 def test_figure_and_closing_lines(sokoban_store, comparison, tmp_path):

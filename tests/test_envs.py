@@ -103,10 +103,10 @@ def test_same_seed_same_episode(cls: type) -> None:
 
 
 @pytest.mark.parametrize("cls", [Sokoban, Household])
-def test_different_seeds_mostly_different_tasks(cls: type) -> None:
+def test_different_seeds_give_different_tasks(cls: type) -> None:
     env = cls()
     starts = {env.reset(seed).observation for seed in range(100)}
-    assert len(starts) >= 90
+    assert len(starts) == 100
 
 
 def test_reset_restarts_the_task() -> None:
@@ -179,7 +179,7 @@ def test_household_small_room_and_goal_kinds() -> None:
     for seed in range(40):
         default.reset(seed)
         sizes.add(len(default._layout.receptacles))
-    assert len(sizes) > 1
+    assert sizes == {11, 12, 13, 14, 15, 16, 18}  # the full room varies
 
 
 @pytest.mark.parametrize(
@@ -306,7 +306,7 @@ def test_sokoban_key_returns_after_a_move_and_its_reverse() -> None:
                 continue  # blocked, or a box moved: the reverse move does not undo it
             assert env.step(opposite[move]).next_state_key == start
             checked += 1
-    assert checked > 30
+    assert checked == 73
 
 
 def test_household_keys_ignore_history() -> None:

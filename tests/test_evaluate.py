@@ -12,8 +12,7 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.store import COMPLETE, Store
 from gagpo.workflows import evaluate
-from tests.steps_factory import make_steps
-from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
+from tests.helpers.steps import make_steps
 
 
 def known_shard() -> pa.Table:
@@ -34,7 +33,7 @@ def test_rollout_totals_on_a_local_store(tmp_path: Path):
     assert evaluate.rollout_totals(fill(Store(str(tmp_path / "s")))) == (12, 18, 6.0)
 
 
-def test_rollout_totals_and_versions_on_s3(s3_endpoint, tmp_path: Path, monkeypatch):  # noqa: F811
+def test_rollout_totals_and_versions_on_s3(s3_endpoint, tmp_path: Path, monkeypatch):
     store = fill(Store(f"s3://gagpo/{tmp_path.name}-eval", skip_instance_cache=True))
     assert evaluate.rollout_totals(store) == (12, 18, 6.0)
     for v in (0, 1, 2):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 

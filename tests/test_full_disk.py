@@ -18,7 +18,7 @@ import pytest
 
 from gagpo.schemas.retry import StoreFullError
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,15 +27,16 @@ from gagpo.learner.train import train
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
+from tests.helpers.learner import (
     GROUP_SIZE,
     ROOT,
-    one_torch_thread,  # noqa: F401  (autouse fixture)
     parameters,
     shard_table,
     tiny_model_dir,
     write_shards,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -19,8 +19,7 @@ from gagpo.pipeline.grouping import canonical_keys, parse_grouping
 from gagpo.pipeline.minhash import band_rows, fingerprints, similarity, sketches
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-
-from .test_advantages import rollout, steps_frame
+from tests.helpers.advantages import rollout, steps_frame
 
 MODES = ("exact", "normalized", "similar:0.8", "minhash:0.6")
 
@@ -463,7 +462,7 @@ def test_state_pools_view_shows_the_mode_and_which_states_were_merged(tmp_path):
     from gagpo.pipeline import sql
     from gagpo.pipeline.recompute import recompute_store
     from gagpo.schemas.store import Store
-    from tests.steps_factory import make_steps
+    from tests.helpers.steps import make_steps
 
     store = Store(str(tmp_path / "store"))
     shard = pl.from_arrow(make_steps(shard_id="x1", groups=2, group_size=3))

@@ -10,26 +10,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from gagpo.learner.feed import Feed, Ledger, pipeline_advantages
+from gagpo.learner.feed import Ledger
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.pipeline.recompute import recompute_store
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.learner import VOCAB
+from tests.helpers.shards import META, commit_raw, drain, make_feed
+from tests.helpers.steps import make_steps
 
 G = 3
-VOCAB = 48  # as the learner's tiny test model (tests/test_learner_support.py)
-META = {C.META_SCHEMA_VERSION: C.STEPS_SCHEMA_VERSION.encode(), C.META_GROUP_SIZE: b"3"}
 NO_GROUP_SIZE = {C.META_SCHEMA_VERSION: C.STEPS_SCHEMA_VERSION.encode()}
-
-
-def commit_raw(store: Store, table: pa.Table, metadata: dict[bytes, bytes]) -> str:
-    """Commit a shard the way a hostile or buggy writer would: no validation."""
-    shard_id = table.column(C.SHARD_ID)[0].as_py() if table.num_rows else "empty"
-    path = store.shard_path("run1", shard_id)
-    store.write_parquet(table, path, metadata)
-    return path
 
 
 def with_token(table: pa.Table, column: str, token: int) -> pa.Table:
@@ -88,21 +80,6 @@ def test_store_reader_quarantines_hostile_shard(store_dir: Path, case: str):
     assert not store.fs.exists(bad)
 
 
-def _feed(store: Store, **kw) -> Feed:
-    kw = {"batch_groups": 2, "max_staleness": 4, "follow": False, **kw}
-    return Feed(store, Ledger.load(store), pipeline_advantages(GagpoConfig()), **kw)
-
-
-def _drain(feed: Feed) -> list[str]:
-    """Train-like consumption: every batch committed to the ledger; the group ids, in order."""
-    out, update = [], 1
-    while (batch := feed.next_batch(0)) is not None:
-        out += [g.group_id for g in batch.groups]
-        feed.commit(batch, update, 0)
-        update += 1
-    return out
-
-
 @pytest.mark.parametrize("case", [*HOSTILE, "id-past-vocabulary"])
 def test_learner_feed_quarantines_hostile_shard(store_dir: Path, case: str):
     if case == "id-past-vocabulary":  # the learner's IndexError in the embedding
@@ -116,8 +93,8 @@ def test_learner_feed_quarantines_hostile_shard(store_dir: Path, case: str):
     store = Store(str(store_dir))
     store.write_shard(make_steps(shard_id="good"), group_size=G)
     commit_raw(store, make(), metadata)
-    feed = _feed(store, vocab_size=VOCAB)
-    assert _drain(feed) == ["good-g0", "good-g1"]
+    feed = make_feed(store, vocab_size=VOCAB)
+    assert drain(feed) == ["good-g0", "good-g1"]
     assert feed.stats.shards_rejected == 1
     [record] = store.quarantined()
     assert reason in record["reason"]
@@ -126,7 +103,7 @@ def test_learner_feed_quarantines_hostile_shard(store_dir: Path, case: str):
 def test_token_ids_within_the_vocabulary_pass(store_dir: Path):
     store = Store(str(store_dir))
     store.write_shard(with_token(make_steps(shard_id="a"), C.PROMPT_IDS, VOCAB - 1), group_size=G)
-    assert _drain(_feed(store, vocab_size=VOCAB)) == ["a-g0", "a-g1"]
+    assert drain(make_feed(store, vocab_size=VOCAB)) == ["a-g0", "a-g1"]
     assert store.quarantined() == []
 
 
@@ -154,7 +131,7 @@ def test_split_group_without_group_size_is_never_trained(store_dir: Path):
     cannot show its groups whole, and both halves are quarantined."""
     store = Store(str(store_dir))
     split_group(store)
-    assert _drain(_feed(store)) == []
+    assert drain(make_feed(store)) == []
     reasons = [r["reason"] for r in store.quarantined()]
     assert len(reasons) == 2 and all(
         r.startswith("no group size in file metadata") for r in reasons
@@ -173,8 +150,8 @@ def repeated_group(store: Store) -> None:
 def test_feed_quarantines_the_later_copy_and_keeps_the_ledger_consistent(store_dir, make):
     store = Store(str(store_dir))
     make(store)
-    feed = _feed(store)
-    trained = _drain(feed)  # formerly: "consumed twice (ledger invariant)", on every restart
+    feed = make_feed(store)
+    trained = drain(feed)  # formerly: "consumed twice (ledger invariant)", on every restart
     assert len(trained) == len(set(trained))
     [record] = store.quarantined()
     assert record["original_path"].endswith("/b.parquet")
@@ -185,7 +162,7 @@ def test_feed_quarantines_the_later_copy_and_keeps_the_ledger_consistent(store_d
     # A restart reads the ledger back and trains nothing twice; a late copy of a consumed
     # group (committed after the restart) is quarantined against the ledger.
     commit_raw(store, renamed(make_steps(shard_id="a"), "c"), META)
-    retrained = _drain(_feed(store))
+    retrained = drain(make_feed(store))
     assert not set(retrained) & set(trained)
     if make is repeated_group:
         assert retrained == [] and len(store.quarantined()) == 2
@@ -220,7 +197,7 @@ def test_learner_trains_past_hostile_shards(store_dir: Path):
     the good groups, each once, and quarantines the rest with their reasons."""
     from gagpo.learner.config import LearnerConfig
     from gagpo.learner.train import train
-    from tests.test_learner_support import shard_table, tiny_model_dir, write_shards
+    from tests.helpers.learner import shard_table, tiny_model_dir, write_shards
 
     store = Store(str(store_dir))
     write_shards(store, 2)  # s000, s001: 2 groups each, ids within the tiny model's vocabulary

@@ -9,7 +9,7 @@ import pytest
 
 from gagpo.actors.policies.presets import is_hub_id, resolve_model
 from gagpo.schemas.errors import GagpoError
-from tests.test_learner_support import tiny_model_dir
+from tests.helpers.learner import tiny_model_dir
 
 
 @pytest.fixture

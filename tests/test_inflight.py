@@ -9,7 +9,6 @@ its own group only, and no torn shard when interrupted.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +28,9 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.store import Store
 from gagpo.schemas.validate import ValidationError, validate_steps
+from tests.helpers.envs import Staggered
+from tests.helpers.steps import steps_of
+from tests.helpers.versions import fresh_logprobs, perturbed_copy
 
 G = 4
 
@@ -38,12 +40,6 @@ def actor_config(store: Path, **overrides) -> ActorConfig:
                 max_turns=4, seed=11, history_window=1, run_id="r",
                 sampling={"max_new_tokens": 3})  # fmt: skip
     return ActorConfig(**(base | overrides))
-
-
-def steps_of(store: Path) -> pl.DataFrame:
-    s = Store(str(store))
-    tables = [s.read_shard(ref) for ref in s.list_shards()]  # validates each shard
-    return pl.from_arrow(pa.concat_tables(tables)).sort(C.TASK_ID, C.TRAJ_ID, C.STEP)
 
 
 def by_task(steps: pl.DataFrame) -> pl.DataFrame:
@@ -89,44 +85,6 @@ def test_environment_executors_play_identical_rollouts(tmp_path: Path, executor:
     assert a.sort(C.TASK_ID, "j", C.STEP).equals(b.sort(C.TASK_ID, "j", C.STEP))
 
 
-def _perturbed_copy(src: Path, dst: Path) -> None:
-    """A second policy version: the base weights plus noise (what a learner would publish)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".*"))
-    for path in dst.glob("*.safetensors"):
-        tensors = load_file(path)
-        gen = torch.Generator().manual_seed(1)
-        save_file({k: v + 0.5 * torch.randn(v.shape, generator=gen) for k, v in tensors.items()},
-                  path, metadata={"format": "pt"})  # fmt: skip
-    (dst / ".complete").write_text("{}")
-
-
-def fresh_logprobs(model_dir: Path, prompt: list[int], action: list[int]) -> list[float]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = _models.get(model_dir)
-    if model is None:
-        model = _models[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    ids = torch.tensor([prompt + action])
-    with torch.inference_mode():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # temperature 1
-    return logits.log_softmax(-1).gather(-1, torch.tensor(action)[:, None]).squeeze(-1).tolist()
-
-
-_models: dict[Path, object] = {}
-
-
-class Staggered(Sokoban):
-    """Even task seeds end after 2 turns, odd ones after 6: groups in flight end apart."""
-
-    def reset(self, task_seed: int):
-        self.max_turns = 2 if task_seed % 2 == 0 else 6
-        return super().reset(task_seed)
-
-
 def test_behaviour_logprobs_are_those_of_the_version_each_step_records(tmp_path: Path, monkeypatch):
     """LATEST moves to v1 while groups are in flight: the actor loads it between turns, so a
     group spans v0 and v1, and every step's log-probs are those of the version it records."""
@@ -137,7 +95,7 @@ def test_behaviour_logprobs_are_those_of_the_version_each_step_records(tmp_path:
     first = run_actor(actor_config(store_dir, groups=1))  # publishes v0
     store = Store(str(store_dir))
     v0 = Path(store.policy_dir(0))
-    _perturbed_copy(v0, Path(store.policy_dir(1)))
+    perturbed_copy(v0, Path(store.policy_dir(1)))
     store.set_latest(1)
     for ref in store.list_shards():  # keep only the run below
         os.remove(ref.path)

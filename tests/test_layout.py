@@ -14,28 +14,13 @@ from pathlib import Path
 import pytest
 
 from gagpo.learner.config import LearnerConfig
-from gagpo.schemas.config import GPU_MEMORY_SHARE_ENV, ActorConfig, load_config
+from gagpo.schemas.config import GPU_MEMORY_SHARE_ENV, load_config
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.overrides import parse_sets
-from gagpo.workflows.layout import SEED_STRIDE, plan_run
-from gagpo.workflows.run import RunConfig, recipe_path
+from gagpo.workflows.layout import SEED_STRIDE
+from gagpo.workflows.run import recipe_path
+from tests.helpers.plans import plan_for
 
 GAGPO = [sys.executable, "-m", "gagpo.workflows.cli"]
-
-
-def plan_for(recipe: str, *sets: str, gpus_visible: int | None = 8, cpus: int = 64):
-    path = recipe_path(recipe)
-    by_table: dict[str, list[str]] = {"run": [], "actors": [], "learner": []}
-    for item in sets:
-        table, rest = item.split(".", 1)
-        by_table[table].append(rest)
-    run = load_config(RunConfig, path, section="run", overrides=parse_sets(by_table["run"], RunConfig))
-    actors = load_config(ActorConfig, path, section="actors",
-                         overrides=parse_sets(by_table["actors"], ActorConfig) | {"store": "S"})  # fmt: skip
-    learner = load_config(LearnerConfig, path, section="learner",
-                          overrides=parse_sets(by_table["learner"], LearnerConfig) | {"store": "S"})  # fmt: skip
-    return plan_run(path, "S", run, actors, learner, actor_args=[], learner_args=[],
-                    run_id="R", gpus_visible=gpus_visible, cpus=cpus)  # fmt: skip
 
 
 def test_one_gpu_shared_by_an_engine_and_the_learner():

@@ -18,8 +18,8 @@
       `LATEST`, `.complete`, …: names no other path has), in any join;
    c. a part is a layout constant (`LEARNER`, `layout.LEDGER`, `C.LEARNER_METRICS_DIR`, …)
       in a join from a store: `store.path(LEARNER, LEDGER)` copies layout's function;
-   d. a module-level constant is assigned a layout name (`LEASE_DIR = "lease"`): a second
-      owner of that name.
+   d. a module-level constant named as a path (…_DIR, …_FILE, …_NAME, …) is assigned a
+      layout name (`LEASE_DIR = "lease"`): a second owner of that name.
    Docstrings are not joins; messages that name a path are, and call layout too.
 2. docs/store.md's layout block is `layout.listing()`, and the README, docs/design.md and
    schemas/store.py point to it instead of listing the layout themselves.
@@ -134,9 +134,18 @@ def violations(path: Path) -> list[tuple[str, int, str, str]]:
                 break
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
-                and node.value.value in layout.NAMES:  # fmt: skip
+                and node.value.value in layout.NAMES and _names_a_path(node):  # fmt: skip
             found.append((module, node.lineno, "d", ast.get_source_segment(source, node)))
     return found
+
+
+PATHISH = re.compile(r"(DIR|FILE|FOLDER|PATH|NAME|ROOT|PREFIX|SUFFIX)S?$")
+
+
+def _names_a_path(node: ast.Assign) -> bool:
+    """A constant named as a folder or file (LEASE_DIR, LEDGER_FILE): "policy" as the
+    endpoint's model name (DEFAULT_MODEL) is no store path."""
+    return any(isinstance(t, ast.Name) and PATHISH.search(t.id) for t in node.targets)
 
 
 def _modules() -> list[Path]:
@@ -182,6 +191,8 @@ def test_the_check_catches_what_it_is_for(tmp_path):
             assert violations(module) == [], expression
         module.write_text('LEASE_DIR = "lease"\n')
         assert [v[2] for v in violations(module)] == ["d"]
+        module.write_text('DEFAULT_MODEL = "policy"\n')  # a model's name, not a folder
+        assert violations(module) == []
     finally:
         module.unlink(missing_ok=True)
 

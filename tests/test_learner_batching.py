@@ -10,10 +10,9 @@ import torch
 from gagpo.learner.batching import bucket, collate, plan
 from gagpo.learner.model import action_logprobs, load_model
 from gagpo.schemas import columns as C
-from tests.test_learner_support import (
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    tiny_model_dir,
-)
+from tests.helpers.learner import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def table(prompts, actions, behav=None, adv=None, versions=None) -> pa.Table:

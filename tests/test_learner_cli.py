@@ -17,13 +17,9 @@ from gagpo.learner.train import train
 from gagpo.schemas.config import load_config
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
-    ROOT,
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    parameters,
-    tiny_model_dir,
-    write_shards,
-)
+from tests.helpers.learner import ROOT, parameters, tiny_model_dir, write_shards
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_help_explains_every_option_without_importing_torch():
@@ -139,7 +135,7 @@ def test_non_finite_and_huge_inputs_are_masked_or_bounded(tmp_path: Path):
 
     from gagpo.schemas import columns as C
     from gagpo.schemas.validate import MIN_LOGPROB, ValidationError
-    from tests.test_learner_support import GROUP_SIZE, shard_table
+    from tests.helpers.learner import GROUP_SIZE, shard_table
 
     store = Store(str(tmp_path / "store"))
     table = shard_table("bad", groups=2)

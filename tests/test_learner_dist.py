@@ -3,7 +3,6 @@ learner running asynchronously on one store."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,23 +15,16 @@ from gagpo.learner.feed import STALE, TRAINED, Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
+from tests.helpers.learner import (
+    ENV,
     ROOT,
+    learner_args,
     learner_cmd,
     parameters,
     run_learner,
     tiny_model_dir,
     write_shards,
 )
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def learner_args(store, *extra: str) -> list[str]:
-    return ["--store", str(store), "--policy", str(tiny_model_dir()), "--updates", "3",
-            "--batch-groups", "3", "--lr", "3e-3", "--micro-batch-tokens", "64",
-            "--max-staleness", "100", "--idle-timeout", "1", "--poll-interval", "0.05", "--quiet",
-            *extra]  # fmt: skip
 
 
 @pytest.mark.slow

@@ -23,14 +23,9 @@ from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.layout import COMPLETE
 from gagpo.schemas.store import Store
 from gagpo.schemas.versions import version_folders
-from tests.test_learner_support import (
-    ROOT,
-    learner_cmd,
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    parameters,
-    tiny_model_dir,
-    write_shards,
-)
+from tests.helpers.learner import ROOT, learner_cmd, parameters, tiny_model_dir, write_shards
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SHARDS, GROUPS_PER_SHARD, B = 5, 2, 2  # 10 groups: 5 updates of 2 groups
 

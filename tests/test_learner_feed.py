@@ -11,7 +11,7 @@ from gagpo.learner.feed import STALE, TRAINED, Feed, Ledger, pipeline_advantages
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 ADV = pipeline_advantages(GagpoConfig())
 
@@ -199,7 +199,7 @@ def test_learner_that_runs_out_of_data_says_why_and_exits_non_zero(tmp_path: Pat
     """A backlog of 3 updates' worth, a poll interval longer than the idle timeout: the
     learner drains the backlog (no sleep between batches), then, with --updates 4, stops,
     says why in one line and exits 3."""
-    from tests.test_learner_support import run_learner, tiny_model_dir, write_shards
+    from tests.helpers.learner import run_learner, tiny_model_dir, write_shards
 
     store = Store(str(tmp_path / "store"))
     write_shards(store, 3)  # 6 groups

@@ -18,8 +18,15 @@ from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import TRAINED, Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.schemas.store import Store
-from tests.test_learner_dist import ENV, learner_args
-from tests.test_learner_support import ROOT, parameters, run_learner, tiny_model_dir, write_shards
+from tests.helpers.learner import (
+    ENV,
+    ROOT,
+    learner_args,
+    parameters,
+    run_learner,
+    tiny_model_dir,
+    write_shards,
+)
 
 
 def torchrun(store, *extra: str) -> subprocess.CompletedProcess:
@@ -111,7 +118,7 @@ FSDP_BF16 = """
 import os, torch, torch.distributed as dist
 from gagpo.learner.dist import shard_model
 from gagpo.learner.model import load_model
-from tests.test_learner_support import tiny_model_dir
+from tests.helpers.learner import tiny_model_dir
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=0, world_size=1)
 ids = torch.randint(3, 48, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -20,11 +20,9 @@ from gagpo.learner.metrics import Histogram
 from gagpo.learner.model import action_logprobs, load_model
 from gagpo.learner.train import HISTOGRAMS, make_optimizer, run_update
 from gagpo.schemas import columns as C
-from tests.test_learner_support import (
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    shard_table,
-    tiny_model_dir,
-)
+from tests.helpers.learner import shard_table, tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 CPU = Dist(0, 1, torch.device("cpu"))
 BOUND = 1.0  # log_ratio_bound: small enough that some of these ratios reach it

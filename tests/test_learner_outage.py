@@ -18,12 +18,9 @@ from gagpo.learner.feed import Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    tiny_model_dir,
-    write_shards,
-)
-from tests.test_store_faults import emulator  # noqa: F401  (fixture)
+from tests.helpers.learner import tiny_model_dir, write_shards
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 OUTAGE_S = 1.0
 
@@ -54,7 +51,7 @@ class Outages:
 
 
 @pytest.mark.slow
-def test_learner_survives_an_outage_in_every_phase(emulator, tmp_path, monkeypatch, caplog):  # noqa: F811
+def test_learner_survives_an_outage_in_every_phase(emulator, tmp_path, monkeypatch, caplog):
     import gagpo.learner.faults as learner_faults
     import gagpo.learner.publish as publish
     import gagpo.schemas.store as store_module
@@ -102,7 +99,7 @@ def test_learner_survives_an_outage_in_every_phase(emulator, tmp_path, monkeypat
         assert read_metrics(store)["update"].to_list() == [1, 2]
 
 
-def test_a_bucket_that_vanished_is_one_line(emulator, tmp_path):  # noqa: F811
+def test_a_bucket_that_vanished_is_one_line(emulator, tmp_path):
     """After the endpoint came back without its bucket, the actor died with a traceback
     (FileNotFoundError: The specified bucket does not exist)."""
     import boto3
@@ -114,7 +111,7 @@ def test_a_bucket_that_vanished_is_one_line(emulator, tmp_path):  # noqa: F811
     for item in s3.list_objects_v2(Bucket="vanishing").get("Contents", []):
         s3.delete_object(Bucket="vanishing", Key=item["Key"])
     s3.delete_bucket(Bucket="vanishing")
-    from tests.steps_factory import make_steps
+    from tests.helpers.steps import make_steps
 
     with pytest.raises(GagpoError) as info:
         store.write_shard(make_steps(shard_id="a"), group_size=3)

@@ -11,11 +11,9 @@ from gagpo.learner import publish as P
 from gagpo.learner.model import add_lora, load_model
 from gagpo.schemas.store import Store
 from gagpo.schemas.versions import version_folders
-from tests.test_learner_support import (
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    parameters,
-    tiny_model_dir,
-)
+from tests.helpers.learner import parameters, tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.learner.train import train
 from gagpo.schemas.layout import COMPLETE
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    tiny_model_dir,
-    write_shards,
-)
-from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
+from tests.helpers.learner import tiny_model_dir, write_shards
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def test_learner_on_s3_publishes_checkpoints_and_resumes(s3_endpoint, tmp_path):  # noqa: F811
+def test_learner_on_s3_publishes_checkpoints_and_resumes(s3_endpoint, tmp_path):
     url = f"s3://gagpo/{tmp_path.name}"
     store = Store(url, skip_instance_cache=True)
     write_shards(store, 3)

@@ -19,7 +19,7 @@ import pytest
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import EVAL, HELDOUT, Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 

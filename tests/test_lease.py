@@ -18,14 +18,9 @@ from gagpo.learner.lease import LeaseLostError, acquire, check_lease, newest, re
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
-    ROOT,
-    learner_cmd,
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    tiny_model_dir,
-    write_shards,
-)
-from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
+from tests.helpers.learner import ROOT, learner_cmd, tiny_model_dir, write_shards
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TTL = 0.6  # seconds; renewals every 0.1 s
 
@@ -136,7 +131,7 @@ def test_renewals_lapsing_past_ttl_stop_publication(tmp_path):
         lease.check()
 
 
-def test_exclusive_create_has_one_winner_on_s3(s3_endpoint, tmp_path):  # noqa: F811
+def test_exclusive_create_has_one_winner_on_s3(s3_endpoint, tmp_path):
     store = Store(f"s3://gagpo/{tmp_path.name}")
     path = store.path("learner", "lease", "00000001.json")
     assert store.create_exclusive(path, b"a") is True
@@ -144,7 +139,7 @@ def test_exclusive_create_has_one_winner_on_s3(s3_endpoint, tmp_path):  # noqa: 
     assert store.read_bytes(path) == b"a"
 
 
-def test_lease_on_s3_refuses_a_second_learner(s3_endpoint, tmp_path):  # noqa: F811
+def test_lease_on_s3_refuses_a_second_learner(s3_endpoint, tmp_path):
     store = Store(f"s3://gagpo/{tmp_path.name}")
     acquire(store, ttl_s=1.2)
     with pytest.raises(GagpoError, match="leased by"):

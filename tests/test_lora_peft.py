@@ -20,11 +20,9 @@ from gagpo.learner.config import LearnerConfig, LoraSettings
 from gagpo.learner.model import add_lora, load_model, lora_modules
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
-    VOCAB,
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    tiny_model_dir,
-)
+from tests.helpers.learner import VOCAB, tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 pytest.importorskip("peft")
 

@@ -19,8 +19,8 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.errors import ValidationError
 from gagpo.schemas.store import Store
 from gagpo.schemas.validate import validate_steps
-from tests.steps_factory import make_steps
-from tests.test_textworld import tw_make
+from tests.helpers.steps import make_steps
+from tests.helpers.textworld import tw_make
 
 
 class ScriptedPolicy:

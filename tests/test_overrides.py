@@ -87,7 +87,7 @@ def test_bad_set_values_are_one_line_and_exit_2(tmp_path):
 
 
 def test_gagpo_run_checks_its_sets_before_starting_anything(tmp_path):
-    from gagpo.workflows.cli import run_command
+    from gagpo.workflows.run_cli import run_command
 
     result = CliRunner().invoke(
         run_command, ["--store", str(tmp_path / "s"), "--set", "learner.loss.ratio_level=word"]

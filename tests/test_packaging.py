@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("schemas", "actors", "pipeline", "learner", "workflows")

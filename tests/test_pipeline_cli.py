@@ -18,8 +18,8 @@ from gagpo.pipeline import compute_advantages, parse_estimator_config
 from gagpo.pipeline.cli import advantages
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
-from tests.test_advantages import rollout, steps_frame
+from tests.helpers.advantages import rollout, steps_frame
+from tests.helpers.steps import make_steps
 
 GROUP_A = {"a": [rollout("xyz", [0, 0, 1]), rollout("xy", [0, 1], "truncated", "z")]}
 GROUP_B = {"b": [rollout("pq", [1, 0]), rollout("p", [0.5], "truncated", "unseen")]}

@@ -9,7 +9,7 @@ import threading
 from gagpo.pipeline.config import parse_estimator_config
 from gagpo.pipeline.recompute import recompute_store
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 
 def test_run_relays_each_process_with_its_label():

@@ -15,10 +15,9 @@ import torch
 from gagpo.learner import publish as P
 from gagpo.learner.model import load_model
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    tiny_model_dir,
-)
+from tests.helpers.learner import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,11 +23,7 @@ from gagpo.schemas.store import Store
 from gagpo.workflows import ray_run
 from gagpo.workflows.layout import SEED_STRIDE, Plan, Process
 from gagpo.workflows.ray_placement import RankPlace, check_cluster, place, rendezvous
-
-GAGPO = [sys.executable, "-m", "gagpo.workflows.cli"]
-# What the Ray tests leave out of the recipe's closing work: unrelated to where processes run.
-QUICK = ["--set", "run.eval_groups=0", "--set", "run.report=false", "--set", "run.credit=false"]
-
+from tests.helpers.ray_procs import GAGPO, QUICK, Run, alive, processes_naming, ray_scratch
 
 # --- the pure parts -------------------------------------------------------------------------
 
@@ -51,8 +45,49 @@ def test_a_restarted_learner_resumes():
     assert ray_run.resumed_command(["l", "--resume"]) == ["l", "--resume"]
 
 
+class _FakeCluster:
+    """What _give_up_placing asks of Ray: free resources, and kills."""
+
+    def __init__(self):
+        self.killed = []
+
+    def available_resources(self):
+        return {"CPU": 0.0, "memory": 1e9}
+
+    def kill(self, handle, no_restart=True):
+        self.killed.append(handle)
+
+
+def test_an_actor_no_node_holds_is_lost_not_replaced_and_counted_apart():
+    """Placed again after its node was lost, not held by any node within run.place_timeout_s:
+    its new host is removed, it is counted lost (not a restart), and the run goes on."""
+    from gagpo.workflows.run import RunConfig
+
+    fake = _FakeCluster()
+    waiting = ray_run._Held("actor 1", "host-1", bundle=1, incarnation=1)
+    waiting.placing = (time.monotonic() - 11.0, "its node 1a2b3c4d was lost", "RUN1")
+    fresh = ray_run._Held("actor 0", "host-0", incarnation=1)
+    fresh.placing = (time.monotonic(), "its Ray actor died", "RUN0")
+    events, lines = [], []
+    ray_run._give_up_placing(fake, [waiting, fresh], RunConfig(place_timeout_s=10.0),
+                             lines.append, events)  # fmt: skip
+    assert waiting.gone and waiting.placing is None and fake.killed == ["host-1"]
+    assert not fresh.gone and fresh.placing is not None  # still within the bound
+    assert lines == ["[actor 1] (ray) lost, not replaced: no node could hold it within 10 s "
+                     "(the cluster has 0 CPU(s) free)"]  # fmt: skip
+    (lost,) = events
+    assert (lost["process"], lost["replaced"]) == ("actor 1", False)
+    assert lost["cause"] == "its node 1a2b3c4d was lost; no node could hold it within 10 s"
+    events += [ray_run._event("actor 0", 1, "R", "its Ray actor died"),
+               ray_run._event("learner", 1, None, "rank 0: its node 1a2b3c4d was lost")]  # fmt: skip
+    assert ray_run._restarts_text(events) == (
+        "ray: 1 actor restart(s), 1 learner restart(s), 1 lost (not replaced) "
+        "(actor 0 ×1, learner ×1; lost: actor 1)"
+    )
+
+
 def _plan(*sets: str, gpus_visible: int | None = None):
-    from tests.test_layout import plan_for
+    from tests.helpers.plans import plan_for
 
     return plan_for(*sets, gpus_visible=gpus_visible)
 
@@ -125,22 +160,24 @@ def test_the_rendezvous_comes_from_where_the_ranks_landed():
 
 def test_dry_run_on_ray_prints_the_placement_and_starts_nothing(tmp_path):
     """Without an address: against this machine's resources, Ray not started; an impossible
-    request is shown as such. Without --dry-run, the same request is one line, exit 2."""
+    request is printed, then refused in one line with exit 2, as without --dry-run."""
     env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
     store = tmp_path / "store"
     shown = subprocess.run([*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store", str(store),
                             "--dry-run", "--ray"], capture_output=True, text=True, env=env,
                            timeout=120)  # fmt: skip
-    assert shown.returncode == 0, shown.stderr
     out = shown.stdout
+    placed = "0 GPU(s) over 1 node" not in out
+    assert shown.returncode == (0 if placed else 2), shown.stderr
     assert "placement group gagpo-RUN-actors, strategy SPREAD" in out
     assert "placement group gagpo-RUN-learner, strategy STRICT_PACK" in out
     assert "bundle 0: {CPU: 4, GPU: 4}   learner rank(s) 0, 1, 2, 3" in out
     assert "rendezvous: MASTER_ADDR = rank 0's node" in out and "gagpo.learner.cli" in out
     assert "torch.distributed.run" not in out  # Ray, not torchrun, starts the ranks
     assert "this machine (no Ray started)" in out
-    if "0 GPU(s) over 1 node" in out:
-        assert "cannot be placed: the run needs 8 GPU(s)" in out
+    if not placed:
+        assert shown.stderr.strip().count("\n") == 0
+        assert "error: cannot be placed: the run needs 8 GPU(s)" in shown.stderr
         refused = subprocess.run([*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store",
                                   str(store), "--ray"], capture_output=True, text=True, env=env,
                                  timeout=120)  # fmt: skip
@@ -171,27 +208,6 @@ def test_a_local_store_no_other_node_sees_is_refused(tmp_path, monkeypatch):
 # --- real Ray -------------------------------------------------------------------------------
 
 
-def _ray_tmp(tag: str) -> Path:
-    """A short scratch folder for Ray's sessions (its Unix socket paths must stay short)."""
-    path = Path("/tmp") / f"gr{os.getpid()}{tag}"
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir()
-    return path
-
-
-def _processes_naming(folder: Path) -> set[int]:
-    """Pids whose command line names `folder`: Ray's processes name their session folder."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(folder).encode() in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
 
 
@@ -213,69 +229,6 @@ def _listening(pids: set[int]) -> set[tuple[str, int]]:
                 address, port = cols[1].split(":")
                 found.add((address, int(port, 16)))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie has ended; only its parent's wait is missing
-
-
-_NATIVE_FRAME = re.compile(r"\(\+0x[0-9a-f]+\) \[0x[0-9a-f]+\]")
-
-
-class _Run:
-    """`gagpo run` in a subprocess, its output collected line by line."""
-
-    def __init__(self, args: list[str], env: dict[str, str]):
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [*GAGPO, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env, bufsize=1,
-        )  # fmt: skip
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
-
-    def wait_for(self, pattern: str, timeout: float = 300) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if m := re.search(pattern, line):
-                    return m
-            assert self.proc.poll() is None, self.tail()
-            time.sleep(0.2)
-        raise AssertionError(f"no line matching {pattern!r}:\n{self.tail()}")
-
-    def finish(self, timeout: float = 600) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=10)
-        return code
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-    def tail(self, chars: int = 3000) -> str:
-        """The output's last characters for a failure message, a native backtrace's frames
-        (pyarrow's, Ray's) folded into one line so that the message above them shows."""
-        kept: list[str] = []
-        for line in self.lines:
-            if _NATIVE_FRAME.search(line):
-                if kept and kept[-1].startswith("  [native frames"):
-                    n = int(kept[-1].split()[2]) + 1
-                    kept[-1] = f"  [native frames {n}]"
-                    continue
-                line = "  [native frames 1]"
-            kept.append(line)
-        return "\n".join(kept)[-chars:]
-
-    def child_pids(self) -> set[int]:
-        return {int(m) for m in re.findall(r"\(ray\) started pid (\d+)", self.text())}
 
 
 def _versions_used(store: Store) -> list[int]:
@@ -301,14 +254,14 @@ def test_tiny_recipe_on_a_local_ray_instance(tmp_path):
     """`--ray` alone: a local instance with 2 CPUs for the run, shut down with every process
     it started; actors and learner logs reach the console with their prefixes."""
     pytest.importorskip("ray")
-    ray_tmp = _ray_tmp("a")
+    ray_tmp = ray_scratch("a")
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "OMP_NUM_THREADS": "1"}
     store_dir = tmp_path / "store"
-    run = _Run(["--recipe", "tiny", "--store", str(store_dir), "--ray", *QUICK], env)
+    run = Run(["--recipe", "tiny", "--store", str(store_dir), "--ray", *QUICK], env)
     seen: set[int] = set()
     listening: set[tuple[str, int]] = set()
     while run.proc.poll() is None:  # Ray's processes, as long as the run lasts
-        now = _processes_naming(ray_tmp)
+        now = processes_naming(ray_tmp)
         seen |= now
         listening |= _listening(now)
         time.sleep(1.0)
@@ -321,9 +274,9 @@ def test_tiny_recipe_on_a_local_ray_instance(tmp_path):
     assert not any(port == 8265 for _, port in listening)
     assert re.search(r"^\[actor 0\] groups \d+", out, re.M)
     assert re.search(r"^\[learner\] update 3/3", out, re.M)
-    assert "ray: 0 actor restart(s), 0 learner restart(s)" in out
-    assert re.search(r"^ray restarts: 0 actor restart\(s\), 0 learner restart\(s\); "
-                     r"recorded in \S+/ray/restarts-\w+\.parquet$", out, re.M)  # fmt: skip
+    assert "ray: 0 actor restart(s), 0 learner restart(s), 0 lost (not replaced)" in out
+    assert re.search(r"^ray restarts: 0 actor restart\(s\), 0 learner restart\(s\), 0 lost "
+                     r"\(not replaced\); recorded in \S+/ray/restarts-\w+\.parquet$", out, re.M)  # fmt: skip
     (recorded,) = (store_dir / "ray").glob("restarts-*.parquet")
     assert pq.read_table(recorded).num_rows == 0
     assert "policy_version" in out and re.search(r"groups: \d+ generated, \d+ trained", out)
@@ -331,9 +284,34 @@ def test_tiny_recipe_on_a_local_ray_instance(tmp_path):
     children = run.child_pids()
     assert len(children) == 2
     time.sleep(1.0)
-    left = {pid for pid in seen | children if _alive(pid)}
+    left = {pid for pid in seen | children if alive(pid)}
     assert not left, f"processes of the run left: {left}"
     shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_on_a_local_ray_instance():
+    """SIGTERM to `gagpo run --ray` (a local instance): stopped as Ctrl-C stops it, exit 130,
+    no native backtrace of Ray's, and no process of the run or of its instance left (Ray's
+    agents included: they were still running after the driver aborted)."""
+    pytest.importorskip("ray")
+    scratch = ray_scratch("t")
+    env = {**os.environ, "RAY_TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"}
+    run = Run(["--recipe", "tiny", "--store", str(scratch / "store"), "--ray", "--no-warmstart",
+               *QUICK, "--set", "learner.updates=30"], env)  # fmt: skip
+    run.wait_for(r"^\[actor 0\] \(ray\) started pid")
+    # Past its imports (a SIGINT during them is a traceback of Python's, not this test's case).
+    run.wait_for(r"^\[learner\] (?!\(ray\))\S")
+    seen = processes_naming(scratch)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(timeout=300) == 130, run.tail()
+    assert "interrupted: every process started was stopped" in run.text()
+    assert "SIGTERM received" not in run.text(), run.tail()
+    assert "Traceback" not in run.text(), run.tail()
+    time.sleep(2.0)
+    left = {pid for pid in seen | processes_naming(scratch) | run.child_pids() if alive(pid)}
+    assert len(seen) >= 3 and not left, f"processes of the run left: {left}"
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +320,7 @@ def cluster():
     runs join it as a cluster (`--ray ADDRESS`). Its processes are ended by ray.shutdown()
     and checked gone by pid."""
     ray = pytest.importorskip("ray")
-    ray_tmp = _ray_tmp("c")
+    ray_tmp = ray_scratch("c")
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(ray_tmp),
              namespace=ray_run.NAMESPACE, log_to_driver=False)  # fmt: skip
     node = ray._private.worker._global_node
@@ -352,20 +330,20 @@ def cluster():
     finally:
         ray.shutdown()
         time.sleep(1.0)
-        assert not {pid for pid in pids | _processes_naming(ray_tmp) if _alive(pid)}
+        assert not {pid for pid in pids | processes_naming(ray_tmp) if alive(pid)}
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.mark.slow
 def test_a_killed_actor_and_a_killed_learner_are_restarted(cluster, tmp_path):
-    """An actor's Ray actor killed with ray.kill after its first shard: Ray restarts it and
-    it plays under a fresh run id and other task seeds. Then the learner's process is killed:
+    """An actor's Ray actor killed with ray.kill after its first shard: the driver gives it a
+    new host, where it plays under a fresh run id and other task seeds. Then the learner's process is killed:
     it is started again with --resume and the lineage goes on to the last update. Then no
     Ray actor of the run and none of its processes is left."""
     ray, address, _ = cluster
     store_dir = tmp_path / "store"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = _Run(["--recipe", "tiny", "--store", str(store_dir), "--ray", address, *QUICK,
+    run = Run(["--recipe", "tiny", "--store", str(store_dir), "--ray", address, *QUICK,
                 "--set", "learner.updates=5"], env)  # fmt: skip
     names = run.wait_for(r"Ray actors (\S+), (\S+)\)")
     actor_name, learner_name = names.group(1), names.group(2)
@@ -386,14 +364,17 @@ def test_a_killed_actor_and_a_killed_learner_are_restarted(cluster, tmp_path):
     run.wait_for(r"^\[learner\] \(ray\) started pid \d+ .*restart 1: --resume")
     assert run.finish() == 0, run.tail()
     out = run.text()
-    assert not _alive(first_actor)  # the child died with its Ray actor
+    assert not alive(first_actor)  # the child died with its Ray actor
     store = _assert_trained_as_without_ray(store_dir, 5)
-    assert "ray: 1 actor restart(s), 1 learner restart(s) (actor 0 ×1, learner ×1)" in out
-    assert "ray restarts: 1 actor restart(s), 1 learner restart(s) (actor 0 ×1, learner ×1)" in out
+    counted = (
+        "1 actor restart(s), 1 learner restart(s), 0 lost (not replaced) (actor 0 ×1, learner ×1)"
+    )
+    assert f"ray: {counted}" in out and f"ray restarts: {counted}" in out
+    assert "Ray restarts it" not in out
     (recorded,) = (store_dir / "ray").glob("restarts-*.parquet")
     rows = {r["process"]: r for r in pq.read_table(recorded).to_pylist()}
     assert rows["actor 0"]["incarnation"] == 1 and rows["actor 0"]["run_id"] == restart.group(2)
-    assert "Ray restarted it" in rows["actor 0"]["cause"]
+    assert rows["actor 0"]["cause"] == "its Ray actor died" and rows["actor 0"]["replaced"]
     assert rows["learner"]["incarnation"] == 1 and "exited with -9" in rows["learner"]["cause"]
     runs = {ref.run_id for ref in store.list_shards()}
     assert restart.group(2) in runs and len(runs) == 2
@@ -404,11 +385,11 @@ def test_a_killed_actor_and_a_killed_learner_are_restarted(cluster, tmp_path):
     first, second = by_run.values()
     assert not first & second  # no task played twice: groups never repeat
     # Nothing of the run is left on the cluster: its Ray actors, their processes.
-    for name in (actor_name, learner_name):
+    for name in (actor_name, f"{actor_name}-r1", learner_name):
         with pytest.raises(ValueError):
             ray.get_actor(name)
     time.sleep(1.0)
-    assert not {pid for pid in run.child_pids() if _alive(pid)}
+    assert not {pid for pid in run.child_pids() if alive(pid)}
 
 
 @pytest.mark.slow
@@ -417,8 +398,13 @@ def test_a_learner_of_two_ranks_placed_by_ray(cluster, tmp_path):
     rendezvous Ray gave it (no torchrun): the same parameters as one process on the same
     data, as tests/test_learner_dist.py shows for torchrun."""
     from gagpo.workflows.run import RunConfig
-    from tests.test_learner_dist import learner_args
-    from tests.test_learner_support import learner_cmd, parameters, run_learner, write_shards
+    from tests.helpers.learner import (
+        learner_args,
+        learner_cmd,
+        parameters,
+        run_learner,
+        write_shards,
+    )
 
     ray, address, _ = cluster
     stores = {name: Store(str(tmp_path / name)) for name in ("one", "two")}

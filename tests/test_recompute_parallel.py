@@ -23,7 +23,7 @@ from gagpo.pipeline.config import parse_estimator_config
 from gagpo.pipeline.recompute import _arrow, advantages_metadata, encode_parquet
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 ACTORS = [sys.executable, "-m", "gagpo.actors.cli"]
 ADVANTAGE_COLUMNS = ["return", "value_proxy", "next_value_proxy", "td_residual",

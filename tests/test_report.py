@@ -12,8 +12,8 @@ from gagpo.pipeline.inspect_cli import inspect
 from gagpo.pipeline.report import write_report
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
-from tests.test_sql import build_known_store, write_histograms
+from tests.helpers.sql import build_known_store, write_histograms
+from tests.helpers.steps import make_steps
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -12,8 +12,8 @@ import pytest
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import ValidationError
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
-from tests.test_hostile_shards import META, _drain, _feed, commit_raw
+from tests.helpers.shards import META, commit_raw, drain, make_feed
+from tests.helpers.steps import make_steps
 
 G = 3
 
@@ -50,8 +50,8 @@ def test_feed_quarantines_and_trains_the_rest(store_dir: Path, case: str):
     store = Store(str(store_dir))
     store.write_shard(make_steps(shard_id="good"), group_size=G)
     commit_raw(store, table, META)
-    feed = _feed(store)
-    assert _drain(feed) == ["good-g0", "good-g1"]  # the learner is at version 0
+    feed = make_feed(store)
+    assert drain(feed) == ["good-g0", "good-g1"]  # the learner is at version 0
     [record] = store.quarantined()
     assert record["reason"].startswith(reason), record["reason"]
     assert feed.stats.shards_rejected == 1

@@ -14,11 +14,9 @@ from gagpo.learner.metrics import clip_possible, not_computed, progress_line, re
 from gagpo.learner.sinks import check_trackers
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    tiny_model_dir,
-    write_shards,
-)
+from tests.helpers.learner import tiny_model_dir, write_shards
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _events(folder: Path) -> dict[str, list[tuple[int, float]]]:

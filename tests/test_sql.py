@@ -7,7 +7,6 @@ import math
 import re
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,161 +21,11 @@ from gagpo.pipeline.inspect_cli import inspect
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import COMPLETE, Store
-from tests.steps_factory import make_steps
-from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
+from tests.helpers.sql import build_known_store, write_histograms
+from tests.helpers.steps import make_steps
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "inspect.md"
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-# --- a store with known values -------------------------------------------------------
-def rollout(
-    group: str,
-    traj: str,
-    states: list[str],
-    rewards: list[float],
-    *,
-    shard: str,
-    env: str,
-    version: int,
-    end: str = "done",
-    invalid: tuple[int, ...] = (),
-    minute: int = 0,
-) -> list[dict]:
-    """Rows of one rollout; `end` is how its last step ended ("done" or "truncated")."""
-    rows = []
-    for t, (state, reward) in enumerate(zip(states, rewards, strict=True)):
-        last = t == len(states) - 1
-        rows.append(
-            {
-                C.RUN_ID: "r1",
-                C.SHARD_ID: shard,
-                C.GROUP_ID: group,
-                C.TRAJ_ID: traj,
-                C.STEP: t,
-                C.ENV: env,
-                C.TASK_ID: f"{env}-task",
-                C.STATE_KEY: state,
-                C.NEXT_STATE_KEY: None if last and end == "done" else f"{state}'",
-                C.OBSERVATION: f"you see {state}",
-                C.PROMPT_IDS: [1, 2],
-                C.ACTION_TEXT: f"act{t}",
-                C.ACTION_IDS: [3],
-                C.BEHAVIOR_LOGPROBS: [-0.1],
-                C.POLICY_VERSION: version,
-                C.REWARD: reward,
-                C.DONE: last and end == "done",
-                C.TRUNCATED: last and end == "truncated",
-                C.ACTION_VALID: t not in invalid,
-                C.WON: last and end == "done",
-                C.CREATED_AT: T0.replace(minute=minute),
-            }
-        )
-    return rows
-
-
-def write_advantages(store: Store, tag: str, shard: str, rows: list[dict], params: dict) -> None:
-    table = pa.Table.from_pylist(rows, schema=C.ADVANTAGES_SCHEMA)
-    metadata = {
-        C.META_ESTIMATOR: tag.split("-")[0].encode(),
-        C.META_ESTIMATOR_PARAMS: json.dumps(params).encode(),
-    }
-    store.write_parquet(table, store.advantages_path(tag, shard), metadata)
-
-
-def adv_rows(values: dict[tuple[str, int], tuple]) -> list[dict]:
-    """(traj, step) -> (state, return, value_proxy, next_value_proxy, td, advantage, pool)."""
-    rows = []
-    for (traj, step), (state, ret, v, v_next, td, adv, pool) in values.items():
-        rows.append(
-            {
-                C.TRAJ_ID: traj,
-                C.STEP: step,
-                C.GROUP_ID: "gB",
-                C.STATE_KEY: state,
-                C.RETURN: ret,
-                C.VALUE_PROXY: v,
-                C.NEXT_VALUE_PROXY: v_next,
-                C.TD_RESIDUAL: td,
-                C.ADVANTAGE_RAW: adv * 2,
-                C.ADVANTAGE: adv,
-                C.STATE_GROUP_SIZE: pool,
-            }
-        )
-    return rows
-
-
-def build_known_store(store: Store) -> Store:
-    """Two shards of one group each (G = 2), advantages for group gB only, policy v1..v2.
-
-    gA (grid, version 0): a0 s0 s1 s2, rewards 0 0 1, done; a1 s0 s1 s3 s4, rewards 0,
-        truncated, step 2 invalid.  Pools: s0 ×2, s1 ×2, s2 s3 s4 singletons.
-    gB (house, version 1): b0 h0 h1, rewards 0 1, done; b1 h0 h0 h1, rewards 0 0 1, done.
-    """
-    group_a = rollout("gA", "a0", ["s0", "s1", "s2"], [0, 0, 1], shard="shA", env="grid", version=0)
-    group_a += rollout(
-        "gA",
-        "a1",
-        ["s0", "s1", "s3", "s4"],
-        [0, 0, 0, 0],
-        shard="shA",
-        env="grid",
-        version=0,
-        end="truncated",
-        invalid=(2,),
-    )
-    group_b = rollout(
-        "gB", "b0", ["h0", "h1"], [0, 1], shard="shB", env="house", version=1, minute=5
-    )
-    group_b += rollout(
-        "gB", "b1", ["h0", "h0", "h1"], [0, 0, 1], shard="shB", env="house", version=1, minute=5
-    )
-    for rows in (group_a, group_b):
-        store.write_shard(pa.Table.from_pylist(rows, schema=C.STEPS_SCHEMA), group_size=2)
-    # "gagpo" with γ = 0.9: V(h0) = (0.9 + 0.81 + 0.9)/3 = 0.87, V(h1) = 1.
-    write_advantages(
-        store,
-        "gagpo",
-        "shB",
-        adv_rows(
-            {
-                ("b0", 0): ("h0", 0.9, 0.87, 1.0, 0.03, 0.5, 3),
-                ("b0", 1): ("h1", 1.0, 1.0, 0.0, 0.0, -0.1, 2),
-                ("b1", 0): ("h0", 0.81, 0.87, 0.87, -0.087, -0.3, 3),
-                ("b1", 1): ("h0", 0.9, 0.87, 1.0, 0.03, 0.2, 3),
-                ("b1", 2): ("h1", 1.0, 1.0, 0.0, 0.0, -0.3, 2),
-            }
-        ),
-        {"gamma": 0.9, "lam": 0.8},
-    )
-    # "gigpo" with γ = 0.95: V(h0) = (0.95 + 0.9025 + 0.95)/3.
-    v_h0 = (0.95 + 0.9025 + 0.95) / 3
-    write_advantages(
-        store,
-        "gigpo",
-        "shB",
-        adv_rows(
-            {
-                ("b0", 0): ("h0", 0.95, v_h0, 1.0, 0.0, -0.2, 3),
-                ("b0", 1): ("h1", 1.0, 1.0, 0.0, 0.0, 0.3, 2),
-                ("b1", 0): ("h0", 0.9025, v_h0, v_h0, 0.0, 0.4, 3),
-                ("b1", 1): ("h0", 0.95, v_h0, 1.0, 0.0, 0.1, 3),
-                ("b1", 2): ("h1", 1.0, 1.0, 0.0, 0.0, 0.1, 2),
-            }
-        ),
-        {"gamma": 0.95, "omega": 1.0},
-    )
-    # Temporaries are never read: a torn shard and a torn advantage file.
-    store.fs.pipe_file(store.path("shards", "run=r1", ".tmp-dead-shC.parquet"), b"PAR1 torn")
-    store.fs.pipe_file(store.path("advantages", "gagpo", ".tmp-dead-shC.parquet"), b"PAR1 torn")
-    # v1 is published (LATEST = 1) and complete; v2 is still being written; v0, which
-    # generated steps, was published and has been pruned since.
-    for version in (1, 2):
-        store.commit_bytes(store.path("policy", f"v{version}", "config.json"), b"{}")
-    store.commit_bytes(store.path("policy", "v1", COMPLETE), b"{}")
-    store.set_latest(1)
-    return store
 
 
 @pytest.fixture
@@ -363,20 +212,6 @@ def test_learner_metrics_read_with_missing_columns_as_null(known_store):
         (2, 2, 0.25, None),
     ]
     assert got[0]["extra"] == "x"  # columns beyond the known ones pass through
-
-
-def write_histograms(store: Store) -> None:
-    """learner/histograms.zarr as the learner lays it out: int64 [updates, bins]."""
-    import numpy as np
-    import zarr
-
-    group = zarr.open_group(store.path("learner", "histograms.zarr"), mode="a")
-    staleness = group.create_array("staleness", shape=(2, 3), dtype="int64")
-    staleness[...] = np.array([[4, 0, 0], [2, 1, 1]])
-    staleness.attrs["edges"] = [0, 1, 2]  # one label per bin
-    weights = group.create_array("behavior_weight", shape=(2, 2), dtype="int64")
-    weights[...] = np.array([[5, 1], [3, 3]])
-    weights.attrs["edges"] = [0.0, 2.0, 4.0]  # bins + 1 edges
 
 
 def test_learner_histograms(known_store):
@@ -619,7 +454,7 @@ def test_help_is_light():
 
 
 # --- object stores: the same views through fsspec ------------------------------------
-def test_views_on_an_s3_store(s3_endpoint, tmp_path):  # noqa: F811
+def test_views_on_an_s3_store(s3_endpoint, tmp_path):
     store = Store(
         f"s3://gagpo/{tmp_path.name}-inspect",
         client_kwargs={"endpoint_url": s3_endpoint},
@@ -645,8 +480,13 @@ def doc_queries_under(heading: str) -> list[str]:
     return re.findall(r"```sql\n(.*?)```", section, flags=re.S)
 
 
+# (columns, rows) of each SQL block of the docs, in their order, on the known store
+DOC_ANSWERS = [(4, 2), (9, 5), (5, 1), (8, 4), (12, 3), (5, 2), (3, 2), (9, 6), (9, 3), (7, 2),
+               (10, 0), (2, 0)]  # fmt: skip
+
+
 def test_docs_have_queries():
-    assert len(doc_queries()) >= 6
+    assert len(doc_queries()) == len(DOC_ANSWERS)
 
 
 def test_docs_answers_on_the_known_store(con):
@@ -673,11 +513,11 @@ def test_docs_answers_on_the_known_store(con):
     assert got == {"grid": pytest.approx(3 / 7), "house": 0.0}
 
 
-@pytest.mark.parametrize("index", range(len(doc_queries()) if DOCS.exists() else 0))
+@pytest.mark.parametrize("index", range(len(DOC_ANSWERS) if DOCS.exists() else 0))
 def test_docs_queries_run(con, index):
     query = doc_queries()[index]
     result = sql.run_query(con, query)
-    assert result.num_columns > 0, query
+    assert (result.num_columns, result.num_rows) == DOC_ANSWERS[index], query
 
 
 # --- with the advantage stage, when it is there --------------------------------------
@@ -791,3 +631,27 @@ def test_time_limit_interrupts_and_the_connection_lives_on(con):
     with pytest.raises(GagpoError, match=r"time limit of 0\.5s"):
         sql.run_query(con, "select count(*) from range(10000000000000)", sql.Limits(timeout_s=0.5))
     assert sql.run_query(con, "select 42 as x").column("x").to_pylist() == [42]
+
+
+def test_parameters_are_values_never_sql(con, tmp_path):
+    """`run_query(..., params=…)` binds values as a prepared statement does; the file and
+    time bounds hold with them."""
+    hostile = "a0' OR '1'='1"
+    assert sql.run_query(con, "SELECT count(*) AS n FROM steps WHERE traj_id = ?",
+                         params=[hostile]).column("n").to_pylist() == [0]  # fmt: skip
+    named = sql.run_query(con, "SELECT count(*) AS n FROM steps WHERE traj_id = $t",
+                          params={"t": "a0"})  # fmt: skip
+    expected = rows(con, "SELECT count(*) AS n FROM steps WHERE traj_id = 'a0'")[0]["n"]
+    assert named.column("n").to_pylist() == [expected] and expected > 0
+    listed = sql.run_query(con, "SELECT count(*) AS n FROM steps WHERE traj_id = ANY(?)",
+                           params=[["a0", "b0"]])  # fmt: skip
+    assert listed.column("n")[0].as_py() > 0
+    target = tmp_path / "out.csv"
+    with pytest.raises(GagpoError, match="query refused"):
+        sql.run_query(con, "COPY (SELECT ? AS x) TO '" + str(target) + "'", params=[1])
+    assert not target.exists()
+    with pytest.raises(GagpoError, match=r"time limit of 0\.5s"):
+        sql.run_query(con, "select count(*) from range(?)", sql.Limits(timeout_s=0.5),
+                      params=[10_000_000_000_000])  # fmt: skip
+    with pytest.raises(GagpoError, match="query failed"):
+        sql.run_query(con, "SELECT ? AS x")  # a placeholder without its value: one line

@@ -17,7 +17,7 @@ from gagpo.schemas.archive import read_manifest, segment_path, step_files
 from gagpo.schemas.compaction import compact
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 
 def compacted_store(root: Path, shards: int = 8, archived: int = 5) -> Store:

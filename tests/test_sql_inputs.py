@@ -14,7 +14,7 @@ import pytest
 
 from gagpo.pipeline.sql import close_store_db, open_store_db, run_query
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNT = "SELECT count(DISTINCT group_id) AS n FROM steps"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import os
 import posixpath
-import socket
 import time
 
 import pyarrow as pa
@@ -19,49 +18,7 @@ import pytest
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    """A moto S3 server on loopback, with credentials in the environment for s3fs."""
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    saved = {
-        k: os.environ.get(k)
-        for k in (
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_ENDPOINT_URL",
-            "AWS_DEFAULT_REGION",
-        )
-    }
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="test",
-        AWS_SECRET_ACCESS_KEY="test",
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="gagpo")
-    yield endpoint
-    server.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+from tests.helpers.steps import make_steps
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -18,14 +17,14 @@ import pytest
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.retry import StoreUnavailableError, is_transient, retrying
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
-from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
+from tests.helpers.s3 import free_port
+from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = """
 import sys, time
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 store = Store(sys.argv[1])
 for i in range(3):
     store.write_shard(make_steps(shard_id=f"{sys.argv[2]}{i}"), group_size=3)
@@ -33,7 +32,7 @@ for i in range(3):
 """
 
 
-def test_polling_store_sees_shards_two_processes_add(s3_endpoint, tmp_path):  # noqa: F811
+def test_polling_store_sees_shards_two_processes_add(s3_endpoint, tmp_path):
     """The learner sat at update 13 of 16 while 1,146 shards waited: its listing came from
     the cache of an earlier one. Here a Store polls in a loop while two processes write."""
     url = f"s3://gagpo/{tmp_path.name}"
@@ -59,46 +58,6 @@ def test_polling_store_sees_shards_two_processes_add(s3_endpoint, tmp_path):  # 
 
 
 # --- outages ----------------------------------------------------------------------
-class Emulator:
-    """A moto server on a fixed loopback port that can go away and come back (its
-    buckets live in this process, so they survive a restart)."""
-
-    def __init__(self) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.server = None
-
-    def start(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop()
-
-
-@pytest.fixture
-def emulator(monkeypatch):
-    import boto3
-    import s3fs
-
-    emu = Emulator()
-    emu.start()
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", emu.endpoint)
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries would hide ours
-    boto3.client("s3", endpoint_url=emu.endpoint).create_bucket(Bucket="outage")
-    s3fs.S3FileSystem.clear_instance_cache()  # instances hold their endpoint
-    yield emu
-    s3fs.S3FileSystem.clear_instance_cache()
-    emu.stop()
-
-
 def actor_config(url: str, retry_s: float) -> ActorConfig:
     """Three groups in one shard: the first two wait in memory while the store is away."""
     return ActorConfig(
@@ -185,9 +144,7 @@ def test_retrying_stops_at_once_on_errors_that_are_not_outages():
 
 # --- every command: one line, exit code 2 --------------------------------------------
 def _dead_endpoint() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens there after
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there after
 
 
 COMMANDS = {

@@ -27,13 +27,10 @@ from gagpo.schemas.archive import read_manifest, read_steps_table
 from gagpo.schemas.compaction import compact
 from gagpo.schemas.store import Store
 from gagpo.schemas.versions import version_folders
-from tests.steps_factory import make_steps
-from tests.test_learner_support import (
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    tiny_model_dir,
-    write_shards,
-)
-from tests.test_store import s3_endpoint  # noqa: F401  (fixture)
+from tests.helpers.learner import tiny_model_dir, write_shards
+from tests.helpers.steps import make_steps
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 NAME = "glob[1]*?store"  # every glob character fsspec knows
 SIBLING = "glob1xystore"  # what NAME matches when read as a pattern

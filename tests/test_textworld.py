@@ -10,31 +10,20 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-import polars as pl
-import pyarrow.parquet as pq
 import pytest
 
 from gagpo.actors.envs import textworld_env
 from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Environment
 from gagpo.actors.envs.external import match_command
 from gagpo.actors.envs.textworld_env import CHALLENGES, TextWorld, game_settings
-from gagpo.schemas import columns as C
-from gagpo.schemas.cache import cache_root
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
-from gagpo.schemas.validate import validate_steps
+from tests.helpers.actors import run_actors_with
+from tests.helpers.textworld import TW_MAKE, needs_textworld, tw_make
 
 PLAYED = ["tw-coin_collector", "tw-treasure_hunter", "tw-cooking", "custom"]
-
-
-def needs_textworld() -> None:
-    pytest.importorskip(
-        "textworld", reason="textworld is not installed (see INSTALL-NOTES-envs.md)"
-    )
 
 
 # --- without TextWorld --------------------------------------------------------------------
@@ -198,31 +187,6 @@ def test_a_generation_failure_names_the_settings(tmp_path: Path) -> None:
 
 # --- users' own games, made with tw-make --------------------------------------------------
 
-# name -> tw-make arguments. "custom-3" names its objects "type X latchkey", "type X box".
-TW_MAKE = {
-    "custom-3": ["custom", "--world-size", "3", "--nb-objects", "6", "--quest-length", "3",
-                 "--theme", "house", "--seed", "3"],
-    "treasure-2": ["tw-treasure_hunter", "--level", "1", "--seed", "2"],
-    "coin-1": ["tw-coin_collector", "--level", "1", "--seed", "1"],
-    # multi-room cooking: TextWorld's walkthrough opens the fridge twice
-    "cooking-go9-1": ["tw-cooking", "--recipe", "3", "--take", "2", "--open", "--go", "9",
-                      "--seed", "1"],
-}  # fmt: skip
-
-
-def tw_make(name: str) -> Path:
-    """Game `name` of TW_MAKE made by the tw-make CLI, kept in the test cache."""
-    needs_textworld()
-    folder = cache_root() / "tests" / "tw-make"
-    game = folder / f"{name}.z8"
-    if not (game.is_file() and game.with_suffix(".json").is_file()):
-        folder.mkdir(parents=True, exist_ok=True)
-        tw_make_cli = Path(sys.executable).parent / "tw-make"
-        done = subprocess.run([str(tw_make_cli), *TW_MAKE[name], "--output", str(game), "-f"],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-    return game
-
 
 @pytest.mark.slow
 def test_walkthroughs_win_users_tw_make_games() -> None:
@@ -279,46 +243,6 @@ def test_a_users_game_plays_as_the_generated_one(tmp_path: Path) -> None:
 # --- through gagpo-actors -----------------------------------------------------------------
 
 
-# Registers both engines where the registry does not (yet): the tiny policy's vocabulary,
-# and so its cached build, is then the same as with the full registry.
-_ACTORS_MAIN = (
-    "import sys; from gagpo.actors.envs import ENVIRONMENTS; "
-    "from gagpo.actors.envs.textworld_env import TextWorld; "
-    "from gagpo.actors.envs.alfworld_env import ALFWorld; "
-    "ENVIRONMENTS.setdefault('textworld', TextWorld); ENVIRONMENTS.setdefault('alfworld', ALFWorld); "
-    "from gagpo.actors.cli import main; sys.argv[0] = 'gagpo-actors'; main()"
-)
-
-
-def run_actors_with(env_name: str, store: Path, *args: str) -> subprocess.CompletedProcess:
-    """`gagpo-actors --env env_name ...` in a child process."""
-    flags = ["--quiet", "--store", str(store), "--env", env_name, "--policy", "tiny", *args]
-    return subprocess.run(
-        [sys.executable, "-c", _ACTORS_MAIN, *flags], capture_output=True, text=True, timeout=600
-    )
-
-
-def check_shards(store: Path, env_name: str, groups: int, group_size: int) -> pl.DataFrame:
-    refs = Store(str(store)).list_shards()
-    assert refs
-    for ref in refs:
-        table = pq.read_table(ref.path)
-        validate_steps(table, table.schema.metadata)
-    steps = pl.concat([pl.from_arrow(pq.read_table(ref.path)) for ref in refs])
-    assert steps[C.ENV].unique().to_list() == [env_name]
-    first = (
-        steps.filter(pl.col(C.STEP) == 0)
-        .group_by(C.GROUP_ID)
-        .agg(
-            pl.col(C.TRAJ_ID).n_unique().alias("rollouts"),
-            pl.col(C.STATE_KEY).n_unique().alias("starts"),
-        )
-    )
-    assert first["rollouts"].to_list() == [group_size] * groups
-    assert first["starts"].to_list() == [1] * groups
-    return steps
-
-
 def test_actors_name_a_missing_game_file(tmp_path: Path, store_dir: Path) -> None:
     missing = tmp_path / "games" / "mine.z8"
     result = run_actors_with("textworld", store_dir, "--set", f"env_options.game_files={missing}")
@@ -327,12 +251,3 @@ def test_actors_name_a_missing_game_file(tmp_path: Path, store_dir: Path) -> Non
         result.stderr.strip()
         == f"gagpo-actors: error: TextWorld game file {missing} does not exist"
     )
-
-
-@pytest.mark.slow
-def test_actors_write_valid_textworld_shards(store_dir: Path) -> None:
-    needs_textworld()
-    result = run_actors_with("textworld", store_dir, "--groups", "2",
-                             "--group-size", "2", "--max-turns", "3", "--seed", "3")  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    check_shards(store_dir, "textworld", groups=2, group_size=2)

@@ -28,12 +28,9 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.archive import step_files
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.test_learner_support import (
-    GROUP_SIZE,
-    one_torch_thread,  # noqa: F401  (autouse fixture)
-    shard_table,
-    tiny_model_dir,
-)
+from tests.helpers.learner import GROUP_SIZE, shard_table, tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 UPDATES, B, SHARDS = 6, 2, 6
 GAGPO = str(Path(sys.executable).with_name("gagpo"))

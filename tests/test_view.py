@@ -11,11 +11,11 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from gagpo.pipeline.sql import query_store
-from gagpo.pipeline.view import cli as view_cli
 from gagpo.pipeline.view.access import check_bind, is_loopback
 from gagpo.pipeline.view.app import create_app
 from gagpo.pipeline.view.data import StoreSession
 from gagpo.schemas.errors import GagpoError
+from gagpo.workflows import view as view_cli
 from tests.view_fixtures import cli_advantages, cli_csv, free_port, raw_get, serving, view_store
 
 __all__ = ["view_store"]  # the fixture, imported for pytest
@@ -241,6 +241,59 @@ def test_the_sql_csv_equals_gagpo_sql(app_client, view_store):
     assert table["group_column"] and table["total"] == 50
 
 
+def auc_or_nan(value) -> float:
+    return float("nan") if value is None else value
+
+
+def test_the_compare_page_shows_the_solvers_credit_auc(view_store, group_id, tmp_path):
+    """With Sokoban's solver wired in (as `gagpo view` does), the AUC of each estimator and
+    the optimal moves are credit.py's, for the group and for one of its rollouts."""
+    import polars as pl
+
+    from gagpo.workflows import credit
+    from gagpo.workflows.view import EnvironmentOracle
+
+    app = client(view_store, oracle=EnvironmentOracle())
+    steps = pl.from_arrow(
+        query_store(view_store, f"SELECT * FROM steps WHERE group_id = '{group_id}'")
+    )
+    labelled = credit.label(steps)
+    assert labelled.height and 0 < labelled["optimal"].sum() < labelled.height
+    estimators = {"grpo": ["--estimator", "grpo"], "gagpo": ["--estimator", "gagpo"]}
+    expected = {}
+    for name, flags in estimators.items():
+        adv = cli_advantages(view_store, group_id, tmp_path / f"{name}.parquet", *flags)
+        expected[name] = pl.DataFrame(
+            [(t, s, a) for (t, s), a in adv.items()], schema=["traj_id", "step", "advantage"],
+            orient="row")  # fmt: skip
+    traj = labelled["traj_id"][0]
+    for params, rows in (
+        ({}, labelled),
+        ({"traj": traj}, labelled.filter(pl.col("traj_id") == traj)),
+    ):
+        shown = app.get("/api/compare", params={"group": group_id, "estimators": "grpo,gagpo",
+                                                **params}).json()  # fmt: skip
+        assert shown["oracle"]["name"] == EnvironmentOracle.name
+        assert shown["oracle"]["labelled"] == rows.height
+        for i, name in enumerate(estimators):
+            want = credit.credit_auc(rows.join(expected[name], on=["traj_id", "step"]))
+            got = shown["summaries"][i]
+            assert got["labelled"] == rows.height
+            assert auc_or_nan(got["auc"]) == pytest.approx(want["auc"], abs=1e-9, nan_ok=True)
+            assert auc_or_nan(got["state_auc"]) == pytest.approx(want["state_auc"], abs=1e-9,
+                                                                 nan_ok=True)  # fmt: skip
+        marks = {(r["traj_id"], r["step"]): r["optimal"] for r in shown["rows"]}
+        if params:  # one rollout: its rows only
+            assert {traj_id for traj_id, _ in marks} == {traj}
+        want_marks = dict(zip(zip(rows["traj_id"], rows["step"], strict=True), rows["optimal"],
+                              strict=True))  # fmt: skip
+        assert {k: v for k, v in marks.items() if v is not None} == want_marks
+    answer = client(view_store).get("/api/compare", params={"group": group_id}).json()
+    assert answer["oracle"] is None and "auc" not in answer["summaries"][0]
+    bad = app.get("/api/compare", params={"group": group_id, "traj": "01nonexistenttraj"})
+    assert bad.status_code == 404 and "is not in group" in one_line(bad)
+
+
 def test_the_run_compare_and_pools_data(app_client, group_id):
     run = app_client.get("/api/run").json()
     assert [v["version"] for v in run["versions"]] == [0] and run["versions"][0]["groups"] == 4
@@ -278,3 +331,95 @@ def test_assets_ship_in_the_package_and_name_no_other_host():
             "pools.js",
         ):
             assert b"http://" not in body and b"https://" not in body, name
+
+
+# --- S3 stores work as local ones ------------------------------------------------------
+
+
+def page_data(session: StoreSession, group_id: str, tag: str) -> dict:
+    """What the group, compare and run pages read, without the store's label."""
+    from gagpo.pipeline.view import data
+
+    shown = {
+        "stored": data.group_view(session, group_id, f"stored:{tag}", {}),
+        "recomputed": data.group_view(session, group_id, "gigpo", {"gamma": 0.9}),
+        "compare": data.compare_view(session, group_id, [("grpo", {}), ("gagpo", {})]),
+        "groups": data.group_list(session),
+        "run": data.run_data(session),
+        "pools": data.pools_view(session),
+    }
+    return data.plain({k: {**v, "store": None} if isinstance(v, dict) else v
+                       for k, v in shown.items()})  # fmt: skip
+
+
+def test_an_s3_store_shows_what_the_local_one_does(s3_endpoint, view_store, group_id, tmp_path):
+    """The same store on a moto S3 server, as shards and once compacted: every page reads
+    what it reads from the local copy (the group page: that group's rows)."""
+    import shutil
+
+    import s3fs
+
+    from gagpo.learner.compact import compact_store
+    from gagpo.learner.config import CompactionSettings
+
+    tag = query_store(view_store, "SELECT estimator FROM estimators")["estimator"][0].as_py()
+    local_copy = tmp_path / "store"
+    shutil.copytree(view_store, local_copy)
+    url = f"s3://gagpo/{tmp_path.name}-view"
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}).put(
+        str(local_copy), url.removeprefix("s3://"), recursive=True)  # fmt: skip
+    for stage in ("shards", "compacted"):
+        if stage == "compacted":
+            for target in (str(local_copy), url):
+                compact_store(target, None, True, CompactionSettings(), echo=lambda line: None)
+        local, remote = StoreSession("s", str(local_copy)), StoreSession("s", url)
+        try:
+            assert page_data(remote, group_id, tag) == page_data(local, group_id, tag), stage
+        finally:
+            local.close()
+            remote.close()
+    app = TestClient(create_app([StoreSession("s3", url)]), base_url="http://127.0.0.1:8765")
+    assert app.get(f"/group?group={group_id}").status_code == 200
+    assert app.get("/group?group=01nonexistentgroup").status_code == 404
+
+
+def test_the_pools_page_equals_the_state_pools_view(view_store, tmp_path):
+    """The pools page counts pools without the `state_pools` view; on a store with an exact
+    tag, a minhash tag and a group without advantages, it says what the view says."""
+    import shutil
+
+    from gagpo.pipeline.view import data
+    from tests.view_fixtures import GAGPO, run
+
+    store = tmp_path / "store"
+    shutil.copytree(view_store, store)
+    run([*GAGPO, "advantages", "--store", str(store), "--state-grouping", "minhash:0.3"])
+    shard = sorted(store.glob("shards/run=*/*.parquet"))[0].name
+    for table in store.glob(f"advantages/*/{shard}"):  # that shard's group: no advantages
+        table.unlink()
+    view = data.pools_view(StoreSession("s", str(store)), limit=1000)
+    modes = query_store(store, """
+        SELECT estimator, any_value(state_grouping) AS state_grouping,
+               count(DISTINCT (group_id, pool_id)) AS pools, sum(visits)::BIGINT AS steps,
+               coalesce(sum(visits) FILTER (WHERE pool_visits = 1), 0) / sum(visits)
+                   AS singleton_share
+        FROM state_pools GROUP BY estimator ORDER BY estimator NULLS LAST""").to_pylist()
+    assert [m["state_grouping"] for m in modes] == ["exact", "minhash:0.3", "exact"]
+    assert view["modes"] == modes
+    pools = query_store(store, """
+        SELECT estimator, group_id, pool_id, any_value(pool_visits) AS visits,
+               any_value(pool_states) AS states, any_value(value_proxy) AS value_proxy
+        FROM state_pools GROUP BY estimator, group_id, pool_id
+        ORDER BY visits DESC, estimator, group_id, pool_id""").to_pylist()
+    assert len(view["largest"]) == min(1000, len(pools))
+    for got, want in zip(view["largest"], pools, strict=False):
+        assert {**got, "value_proxy": None} == {**want, "value_proxy": None}
+        assert math.isclose(got["value_proxy"], want["value_proxy"], rel_tol=1e-9, abs_tol=1e-12)
+    merged = query_store(store, """
+        SELECT estimator, group_id, pool_id, list(state_key ORDER BY state_key) AS states,
+               sum(visits)::BIGINT AS visits, any_value(state_grouping) AS state_grouping
+        FROM state_pools WHERE pool_states > 1 GROUP BY estimator, group_id, pool_id
+        ORDER BY visits DESC, estimator, group_id, pool_id""").to_pylist()
+    assert merged and view["merged"] == merged
+    top = data.pools_view(StoreSession("s", str(store)), limit=3)["largest"]
+    assert [p["visits"] for p in top] == [p["visits"] for p in pools[:3]]

@@ -17,6 +17,7 @@ from playwright.sync_api import Page, sync_playwright
 from gagpo.pipeline.sql import query_store
 from gagpo.pipeline.view.app import create_app
 from gagpo.pipeline.view.data import StoreSession
+from gagpo.workflows.view import EnvironmentOracle
 from tests.view_fixtures import cli_advantages, cli_csv, serving, view_store
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's (the Makefile installs it); Playwright's own is not used
@@ -33,7 +34,8 @@ TIMEOUT_MS = 30_000
 
 @pytest.fixture(scope="module")
 def base(view_store: Path):
-    with serving(create_app([StoreSession("demo", str(view_store))])) as url:
+    app = create_app([StoreSession("demo", str(view_store))], oracle=EnvironmentOracle())
+    with serving(app) as url:
         yield url
 
 
@@ -135,7 +137,14 @@ def test_the_compare_page(page: Page, view_store):
     page.goto(f"/compare?store=demo&group={group}")
     page.wait_for_selector("#compare-table td.adv-cell")
     assert page.locator("#summaries tbody tr").count() == 4
+    assert "credit AUC" in page.inner_text("#summaries thead")  # Sokoban's solver judged the moves
+    assert page.locator("#compare-table td.move.optimal").count() > 0
     page.screenshot(path=str(IMG / "view_compare.png"))
+    traj = page.eval_on_selector("#traj option:nth-child(2)", "o => o.value")
+    page.select_option("#traj", traj)  # one rollout: its turns only
+    page.wait_for_selector(f"#title:has-text('{traj}')")  # CSP: no string eval in the page
+    assert page.locator("#compare-table tbody tr").count() == query_store(
+        view_store, f"SELECT count(*) AS n FROM steps WHERE traj_id = '{traj}'")["n"][0].as_py()  # fmt: skip
 
 
 def test_the_sql_page_equals_gagpo_sql_csv(page: Page, view_store):

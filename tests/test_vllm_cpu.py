@@ -345,7 +345,7 @@ def test_a_version_loaded_between_turns_is_recorded_step_by_step(base, model_dir
             runner.drain()
             runner.policy.load_version(Path(store.policy_dir(1)), 1)
 
-    from tests.test_inflight import Staggered  # groups in flight that end apart
+    from tests.helpers.envs import Staggered  # groups in flight that end apart
 
     results = play(base, 4, 3, switch=switch, env=lambda: Staggered(max_turns=6))
     models = {0: hf_model(model_dir), 1: new}

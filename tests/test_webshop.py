@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import polars as pl
-import pyarrow.parquet as pq
 import pytest
 
 from gagpo.actors.envs import make_env
@@ -20,10 +18,7 @@ from gagpo.actors.envs.base import INVALID_ACTION_PENALTY
 from gagpo.actors.envs.webshop import WebShop, canonical, parse_command
 from gagpo.actors.envs.webshop_data import Goal, Product, generated_shop, load_shop
 from gagpo.actors.envs.webshop_reward import normalize_color, reward, token_set_ratio, type_reward
-from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
-from gagpo.schemas.validate import validate_steps
 
 
 def play(env: WebShop, commands: list[str]):
@@ -147,7 +142,7 @@ def test_buying_without_options_earns_the_partial_reward():
     # Generated titles, features and descriptions never name option values, so no option
     # matches; every goal attribute is the product's, and the price is under the bound.
     n_att, n_opt = len(goal.attributes), len(goal.options)
-    assert n_opt >= 1
+    assert (n_att, n_opt) == (1, 2)
     assert last.reward == pytest.approx((n_att + 0 + 1) / (n_att + n_opt + 1))
     assert last.done and not last.won
 
@@ -214,7 +209,7 @@ def test_parse_command_and_canonical_text():
 
 def test_vocabulary_is_bounded_and_spells_every_command():
     vocabulary = set(WebShop.vocabulary())
-    assert 100 < len(vocabulary) < 300
+    assert len(vocabulary) == 159
     rng = random.Random(0)
     env = WebShop(max_turns=1000)
     for seed in range(15):
@@ -334,7 +329,7 @@ def test_webshop_files_load_and_play(tmp_path: Path):
         "size": ("3 ounce (pack of 1)", "3 ounce (pack of 2)"),
     }
     assert shop.by_asin["B08ABC0001"].price_tag == "$8.0 to $12.0"
-    assert 8.0 <= shop.by_asin["B08ABC0001"].price <= 12.0
+    assert shop.by_asin["B08ABC0001"].price == 11.498495793404526  # drawn in it, seeded by the id
     assert shop.by_asin["B09TEA0002"].price == 100.0  # no pricing: WebShop's $100
     assert len(shop.goals) == 2
     env = WebShop(data_dir=str(folder))
@@ -412,38 +407,6 @@ def test_bad_webshop_files_are_one_line_and_exit_2(tmp_path: Path, store_dir: Pa
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert "items_shuffle_1000.json" in lines[0] and "'name' must be str" in lines[0]
-
-
-def test_actors_write_valid_webshop_shards(store_dir: Path):
-    G = 3
-    result = subprocess.run(
-        [
-            *ACTORS,
-            *("--store", str(store_dir), "--env", "webshop", "--policy", "tiny"),
-            *("--groups", "2", "--group-size", str(G), "--max-turns", "4", "--seed", "5"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    store = Store(str(store_dir))
-    refs = store.list_shards()
-    assert len(refs) == 2
-    for ref in refs:
-        table = pq.read_table(ref.path)
-        validate_steps(table, table.schema.metadata)
-    steps = pl.read_parquet(str(store_dir / "shards" / "run=*" / "*.parquet"))
-    assert steps[C.ENV].unique().to_list() == ["webshop"]
-    starts = (
-        steps.filter(pl.col(C.STEP) == 0).group_by(C.GROUP_ID).agg(pl.col(C.STATE_KEY).n_unique())
-    )
-    assert starts[C.STATE_KEY].to_list() == [1, 1]
-    assert (steps.filter(pl.col(C.STEP) == 0)[C.STATE_KEY] == "search").all()
-    assert steps.group_by(C.TRAJ_ID).agg(pl.len()).height == 2 * G
-    assert (
-        steps.filter(~pl.col(C.DONE) & ~pl.col(C.TRUNCATED))[C.NEXT_STATE_KEY].null_count()
-    ) == 0
 
 
 def test_replan_finishes_the_task_after_random_detours():

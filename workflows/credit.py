@@ -6,8 +6,9 @@ STORE/advantages/<tag>/ so that SQL sees them. For each estimator, over every st
 - zero advantage: the share of steps whose advantage is 0 (|A| < ZERO): no credit at all;
   GRPO gives 0 to every step of a group whose rollouts all scored the same;
 - advantage IQR: the spread of the advantages (numpy's / DuckDB's linear quantiles);
-- credit AUC: the probability that a move the Sokoban solver calls optimal (it starts a
-  shortest solution from its state, `sokoban.solve`) has a higher advantage than one it does
+- credit AUC: the probability that a move the environment's step oracle calls optimal (it
+  starts a shortest solution from its state: Sokoban's exact solver, the environment
+  class's `optimal_moves`, actors/envs/base.py `StepOracle`) has a higher advantage than one it does
   not (ties ½; 0.5 = no credit, 1 = perfect ranking). Steps in solved or unsolvable states
   carry no label and are left out of the AUC only;
 - credit AUC within a state: the same, over the pairs of moves made from one state of one
@@ -25,19 +26,17 @@ benchmarks/learning/credit.py compares stores of the learning benchmark with the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from gagpo.actors.envs.sokoban import MOVES, parse_grid, push, render, solve
-from gagpo.actors.prompts import parse_action
+from gagpo.actors.envs import step_oracle
+from gagpo.actors.envs.base import StepOracle
 from gagpo.pipeline.config import EstimatorConfig, parse_estimator_config
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 
-MAX_SOLUTION = 16  # moves; the demo's levels (3×3 floor, one box) need at most ~10
 ZERO = 1e-6  # |advantage| below this counts as zero (the stage's normalisation ε)
 FIGURE = "credit.png"  # written beside the report's figures
 STEP_COLUMNS = (*C.ADVANTAGE_INPUT_COLUMNS, C.ACTION_TEXT, C.POLICY_VERSION, C.ENV)
@@ -50,39 +49,36 @@ SQL_QUERY = (
 )
 
 
-# --- the oracle: Sokoban's optimal moves ------------------------------------------------
+# --- the oracle: an environment's optimal moves (actors/envs/base.py, StepOracle) ----------
 
 
-@cache
-def moves_to_go(grid: str) -> int | None:
-    """Length of a shortest solution from this grid (0: solved), or None: unsolvable."""
-    plan = solve(parse_grid(grid), MAX_SOLUTION)
-    return None if plan is None else len(plan)
+def oracle_of(env: str) -> type[StepOracle]:
+    """Environment `env`'s step oracle, or a one-line error: the comparison needs one."""
+    oracle = step_oracle(env)
+    if oracle is None:
+        raise GagpoError(f"environment {env!r} declares no step oracle; accepted: an "
+                         "environment whose class has optimal_moves and parse_move (sokoban)")  # fmt: skip
+    return oracle
 
 
-@cache
-def optimal_moves(grid: str) -> frozenset[str]:
-    """The moves that start a shortest solution from this grid (empty if none is left)."""
-    n = moves_to_go(grid)
-    if not n:
-        return frozenset()
-    level = parse_grid(grid)
-    return frozenset(m for m in MOVES if moves_to_go(render(push(level, m))) == n - 1)
-
-
-def label(steps: pl.DataFrame) -> pl.DataFrame:
+def label(steps: pl.DataFrame, oracle: type[StepOracle] | None = None) -> pl.DataFrame:
     """traj_id, step, policy_version, `move` (the parsed reply, null if none) and `optimal`
-    (bool) for the labelled steps. The parser and the solver run once per distinct reply and
-    per distinct state, not per step."""
+    (bool) for the labelled steps, by `oracle` (default: that of the steps' environment).
+    The parser and the oracle run once per distinct reply and per distinct state."""
+    if oracle is None:
+        envs = steps[C.ENV].unique().to_list() if steps.height else ["sokoban"]
+        if len(envs) != 1:
+            raise GagpoError(f"steps of several environments ({', '.join(map(str, envs))}); "
+                             "accepted: the steps of one environment")  # fmt: skip
+        oracle = oracle_of(envs[0])
     replies = (
         steps.select(C.ACTION_TEXT)
         .unique()
-        .with_columns(
-            move=pl.col(C.ACTION_TEXT).map_elements(lambda t: parse_action(t, MOVES), pl.String)
-        )
+        .with_columns(move=pl.col(C.ACTION_TEXT).map_elements(oracle.parse_move, pl.String))
     )
     states = steps.select(C.STATE_KEY).unique().with_columns(
-        best=pl.col(C.STATE_KEY).map_elements(lambda k: sorted(optimal_moves(k)), pl.List(pl.String)))  # fmt: skip
+        best=pl.col(C.STATE_KEY).map_elements(lambda k: sorted(oracle.optimal_moves(k)),
+                                              pl.List(pl.String)))  # fmt: skip
     return (
         steps.select(C.TRAJ_ID, C.STEP, C.POLICY_VERSION, C.GROUP_ID, C.STATE_KEY, C.ACTION_TEXT)
         .join(replies, on=C.ACTION_TEXT)
@@ -171,7 +167,7 @@ def estimators(run_estimator: EstimatorConfig | None = None) -> list[tuple[str, 
 
 def read_steps(store, env: str = "sokoban", columns=STEP_COLUMNS) -> pl.DataFrame:
     """The store's committed, valid steps (`columns`), all of them of `env` (the credit
-    comparison's: sokoban, whose exact solver labels the optimal moves)."""
+    comparison's: an environment whose step oracle labels the optimal moves)."""
     from gagpo.schemas.archive import read_steps_table
 
     steps = pl.from_arrow(read_steps_table(store, list(columns)))  # archive and inbox
@@ -183,16 +179,18 @@ def read_steps(store, env: str = "sokoban", columns=STEP_COLUMNS) -> pl.DataFram
     return steps
 
 
-def compare(store_url: str, run_estimator: EstimatorConfig | None = None) -> Comparison:
+def compare(store_url: str, run_estimator: EstimatorConfig | None = None,
+            env: str = "sokoban") -> Comparison:  # fmt: skip
     """Recompute the store's steps under each estimator (committed under advantages/<tag>/)
-    and measure each one's credit against the solver."""
+    and measure each one's credit against `env`'s step oracle."""
     from gagpo.pipeline.recompute import recompute_store
     from gagpo.schemas.archive import step_files
     from gagpo.schemas.store import Store
 
+    oracle = oracle_of(env)
     store = Store(store_url)
-    steps = read_steps(store)
-    labelled = label(steps)
+    steps = read_steps(store, env)
+    labelled = label(steps, oracle)
     rows, tables = [], {}
     for name, config in estimators(run_estimator):
         recompute_store(store_url, None, config)
@@ -290,11 +288,11 @@ def credit_figure(comparison: Comparison, traj_id: str, path: Path) -> Path:
     return path
 
 
-def credit_report(store_url: str, run_estimator: EstimatorConfig | None,
-                  out_dir: Path) -> tuple[Comparison, list[str]]:  # fmt: skip
+def credit_report(store_url: str, run_estimator: EstimatorConfig | None, out_dir: Path,
+                  env: str = "sokoban") -> tuple[Comparison, list[str]]:  # fmt: skip
     """Compare, draw the figure into `out_dir`; the comparison and its printed lines (the
     table, the SQL query to rerun, where the figure is)."""
-    comparison = compare(store_url, run_estimator)
+    comparison = compare(store_url, run_estimator, env)
     lines = [table(comparison),
              f'rerun (zero share, IQR): gagpo sql --store {store_url} "{SQL_QUERY}"']  # fmt: skip
     traj = pick_trajectory(comparison)

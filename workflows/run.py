@@ -452,12 +452,14 @@ def after_run(store: str, config: RunConfig, actor_cfg: ActorConfig, estimator, 
             heldout = [change(rows)]
     if config.report:
         written = [report(store)]
-    if config.credit and actor_cfg.env == "sokoban":
+    from gagpo.actors.envs import step_oracle
+
+    if config.credit and step_oracle(actor_cfg.env) is not None:  # the env declares an oracle
         from gagpo.workflows.credit import credit_report
 
         echo("credit comparison: recomputing the run's steps under GRPO, GiGPO and GAGPO …")
         try:
-            _, credit = credit_report(store, estimator, report_dir(store))
+            _, credit = credit_report(store, estimator, report_dir(store), actor_cfg.env)
             written.append(credit.pop())  # where the figure is, beside the report's
         except GagpoError as exc:  # e.g. no shard committed: say so, the run itself is done
             credit = [f"credit comparison: skipped ({exc})"]

@@ -1,8 +1,8 @@
 """`gagpo view`: the command, and the step oracles of the environments it is given.
 
 The app (pipeline/view/) may not import the environments (actors/), so this module wires
-them in: on the compare page, where a group is Sokoban's, its solver says which moves were
-optimal and each estimator's credit AUC is computed as `make demo`'s credit table does
+them in: on the compare page, where a group's environment declares a step oracle
+(Sokoban's solver), it says which moves were optimal and each estimator's credit AUC is computed as `make demo`'s credit table does
 (workflows/credit.py's `label` and `credit_auc`, for one group or one rollout).
 """
 
@@ -19,17 +19,25 @@ if TYPE_CHECKING:  # Polars and the solver load when a page asks, not for `gagpo
     import polars as pl
 
 
-class SokobanOracle:
-    """Sokoban's exact solver as the view's `StepOracle` (pipeline/view/data.py)."""
+class EnvironmentOracle:
+    """The step oracle an environment declares (actors/envs/base.py, StepOracle; Sokoban's
+    exact solver) as the view's `StepOracle` (pipeline/view/data.py): a group of an
+    environment that declares none gets no labels."""
 
-    name = "Sokoban solver"
+    name = "the environment's step oracle"
 
     def label(self, steps: pl.DataFrame) -> pl.DataFrame | None:
-        if steps.height == 0 or (steps[C.ENV] != "sokoban").any():
+        envs = steps[C.ENV].unique().to_list() if steps.height else []
+        if len(envs) != 1:
+            return None
+        from gagpo.actors.envs import step_oracle
+
+        oracle = step_oracle(envs[0])
+        if oracle is None:
             return None
         from gagpo.workflows import credit
 
-        return credit.label(steps)
+        return credit.label(steps, oracle)
 
     def score(self, scored: pl.DataFrame) -> dict[str, float]:
         from gagpo.workflows import credit
@@ -60,4 +68,4 @@ def view_command(store_specs: tuple[str, ...], host: str, port: int, token: str 
     and the SQL sandbox of `gagpo sql` (docs/inspect.md)."""
     from gagpo.pipeline.view.cli import serve
 
-    serve(store_specs, host, port, token, gamma, timeout_s, memory_limit, oracle=SokobanOracle())
+    serve(store_specs, host, port, token, gamma, timeout_s, memory_limit, oracle=EnvironmentOracle())

@@ -23,7 +23,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 from gagpo.actors.envs.agent import AgentEnv, AgentHTTPEnv, is_agent
 from gagpo.actors.envs.alfworld_env import ALFWorld
-from gagpo.actors.envs.base import Environment
+from gagpo.actors.envs.base import Environment, StepOracle
 from gagpo.actors.envs.gem_env import GemEnv
 from gagpo.actors.envs.gym_adapter import ADAPTER_OPTIONS, GymAdapter
 from gagpo.actors.envs.household import Household
@@ -132,6 +132,20 @@ def _is_native(target: object) -> bool:
         return callable(reset) and "task_seed" in inspect.signature(reset).parameters
     except (TypeError, ValueError):
         return False
+
+
+def step_oracle(name: str) -> type[StepOracle] | None:
+    """The class of environment `name` when it declares the step-oracle capability
+    (base.StepOracle: the optimal moves from a state), else None; nothing is built."""
+    if name in ENVIRONMENTS:
+        cls = ENVIRONMENTS[name]
+    elif (family := _family(name)) is not None:
+        cls = family[0]
+    elif name in plugin_environments():
+        cls = _plugin(name)[1]
+    else:
+        return None
+    return cls if isinstance(cls, type) and isinstance(cls, StepOracle) else None
 
 
 def check_env(name: str, options: dict) -> None:

@@ -65,3 +65,22 @@ class Environment(Protocol):
     def vocabulary(cls) -> list[str]:
         """Every word the command grammar can produce (for word-level tiny policies)."""
         ...
+
+
+@runtime_checkable
+class StepOracle(Protocol):
+    """A capability an environment class declares by defining both methods: it knows, for a
+    state key, which moves start a shortest solution from there. Post-run steps (the credit
+    comparison of `gagpo run`, the compare page of `gagpo view`) ask for it through
+    `gagpo.actors.envs.step_oracle(name)`, never by an environment's name."""
+
+    @classmethod
+    def optimal_moves(cls, state_key: str) -> frozenset[str]:
+        """The moves that start a shortest solution from this state; empty where none is
+        left (solved, or unsolvable within the oracle's horizon): such a step has no label."""
+        ...
+
+    @classmethod
+    def parse_move(cls, reply: str) -> str | None:
+        """The move a reply names, as `optimal_moves` spells it; None if it names none."""
+        ...

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass
+from functools import cache
 
 from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
 from gagpo.actors.envs.parse import normalise_command
@@ -242,11 +243,44 @@ def parse_move(reply: str) -> str | None:
     return command if command in MOVES else None
 
 
+ORACLE_HORIZON = 16  # moves; the demo's levels (3×3 floor, one box) need at most ~10
+
+
+@cache
+def moves_to_go(grid: str) -> int | None:
+    """Length of a shortest solution from this grid (0: solved), or None: unsolvable within
+    ORACLE_HORIZON moves."""
+    plan = solve(parse_grid(grid), ORACLE_HORIZON)
+    return None if plan is None else len(plan)
+
+
+@cache
+def optimal_moves(grid: str) -> frozenset[str]:
+    """The moves that start a shortest solution from this grid (empty if none is left)."""
+    n = moves_to_go(grid)
+    if not n:
+        return frozenset()
+    level = parse_grid(grid)
+    return frozenset(m for m in MOVES if moves_to_go(render(push(level, m))) == n - 1)
+
+
 class Sokoban:
     """Push every box onto a target. Moves into walls or stuck boxes are valid no-ops
-    (they cost the step penalty, like in RAGEN); replies that name no move are invalid."""
+    (they cost the step penalty, like in RAGEN); replies that name no move are invalid.
+    Its exact solver is a step oracle (base.StepOracle): the state key is the grid."""
 
     name = "sokoban"
+
+    @classmethod
+    def optimal_moves(cls, state_key: str) -> frozenset[str]:
+        return optimal_moves(state_key)
+
+    @classmethod
+    def parse_move(cls, reply: str) -> str | None:
+        from gagpo.actors.prompts import parse_action
+
+        move = parse_action(reply, MOVES)
+        return move if move in MOVES else None
 
     def __init__(
         self,

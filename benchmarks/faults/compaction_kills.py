@@ -37,7 +37,7 @@ def build(store_dir: Path, shards: int) -> None:
     from gagpo.schemas import columns as C
     from gagpo.schemas import layout
     from gagpo.schemas.store import Store
-    from tests.steps_factory import make_steps
+    from tests.helpers.steps import make_steps
 
     store = Store(str(store_dir))
     rows = []

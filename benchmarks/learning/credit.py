@@ -32,7 +32,7 @@ import polars as pl
 from gagpo.pipeline.advantages import compute_advantages
 from gagpo.pipeline.config import parse_estimator_config
 from gagpo.schemas import columns as C
-from gagpo.workflows.credit import auc, label, moves_to_go, optimal_moves, within_state_auc  # noqa: F401
+from gagpo.workflows.credit import auc, label, within_state_auc
 
 ESTIMATORS = ("gagpo", "gagpo_lambda0", "gagpo_lambda1", "gigpo", "grpo", "rloo")
 LABELS = {"gagpo": "GAGPO (λ=0.8)", "gagpo_lambda0": "GAGPO λ=0", "gagpo_lambda1": "GAGPO λ=1",

@@ -1,12 +1,15 @@
-"""Build valid steps tables for tests without running actors."""
+"""Valid steps tables built without running actors, and a store's steps read back."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 
 from gagpo.schemas import columns as C
+from gagpo.schemas.store import Store
 
 
 def make_steps(
@@ -52,3 +55,10 @@ def make_steps(
                 for name, value in values.items():
                     rows[name].append(value)
     return pa.Table.from_pydict(rows, schema=C.STEPS_SCHEMA)
+
+
+def steps_of(store: Path) -> pl.DataFrame:
+    """Every shard of the store at `store`, validated, in (task, rollout, step) order."""
+    s = Store(str(store))
+    tables = [s.read_shard(ref) for ref in s.list_shards()]  # validates each shard
+    return pl.from_arrow(pa.concat_tables(tables)).sort(C.TASK_ID, C.TRAJ_ID, C.STEP)

@@ -1,4 +1,4 @@
-"""Helpers for the learner tests (no tests here): a tiny model folder and varied shards."""
+"""The learner tests' tiny model folder, varied shards, and the learner as a process."""
 
 from __future__ import annotations
 
@@ -11,26 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
-from tests.steps_factory import make_steps
+from tests.helpers.steps import make_steps
 
 VOCAB = 48
 GROUP_SIZE = 3
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The learner tests' models are tiny: one thread is faster than two contended ones."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @functools.cache
@@ -116,3 +105,11 @@ def parameters(folder: str | Path) -> dict[str, np.ndarray]:
     for path in sorted(Path(folder).glob("*.safetensors")):
         out.update(load_file(path))
     return out
+
+
+def learner_args(store, *extra: str) -> list[str]:
+    """A 3-update run on the tiny model that stops once idle for a second."""
+    return ["--store", str(store), "--policy", str(tiny_model_dir()), "--updates", "3",
+            "--batch-groups", "3", "--lr", "3e-3", "--micro-batch-tokens", "64",
+            "--max-staleness", "100", "--idle-timeout", "1", "--poll-interval", "0.05", "--quiet",
+            *extra]  # fmt: skip

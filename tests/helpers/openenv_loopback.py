@@ -1,6 +1,6 @@
 """A loopback server speaking OpenEnv's HTTP protocol, for tests/test_adapters_openenv.py.
 
-    python -m tests.openenv_loopback [--port P] [--die-after N]
+    python -m tests.helpers.openenv_loopback [--port P] [--die-after N]
 
 Routes as openenv-core's HTTPEnvServer serves them (POST /reset, POST /step, GET /state;
 HTTP 422 for an action that does not fit the schema), holding one episode of a small
