@@ -18,6 +18,7 @@ versions form one lineage across kills.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ import torch
 
 from gagpo.learner import faults
 from gagpo.learner.batching import MicroBatch, plan
-from gagpo.learner.checkpoint import Head, commit_version, start
+from gagpo.learner.checkpoint import Head, commit_version, has_learner_state, start
 from gagpo.learner.compact import Compactor
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.dist import (
@@ -58,8 +59,11 @@ _WEIGHTED = ("loss", "pg_loss", "kl_ref", "entropy")
 _PER_ACTION = ("approx_kl", "clip_frac", "behavior_weight_mean")
 _COUNTS = ("ratio_bounded", "masked_actions", "actions", "action_tokens", "tokens")
 _MISMATCH = ("mismatch_kl", "mismatch_tokens")  # summed over same-version tokens, then divided
-HISTOGRAMS = {"ratio": Histogram(0.0, 2.0), "behavior_weight": Histogram(0.0, 4.0),
-              "advantage": Histogram(-4.0, 4.0)}  # fmt: skip
+HISTOGRAMS = {
+    "ratio": Histogram(0.0, 2.0),
+    "behavior_weight": Histogram(0.0, 4.0),
+    "advantage": Histogram(-4.0, 4.0),
+}
 
 
 def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig):
@@ -115,8 +119,14 @@ def run_update(
     amp = autocast_dtype(cfg.precision, sharded=sharded)  # bf16 compute, fp32 master weights
     plans, real = [], []  # this rank's micro-batches per slice; how many are not padding
     for part in _slices(table, cfg.mini_batches):
-        mbs = plan(part, version=version, pad_id=pad_id, max_positions=max_pos,
-                   budget=cfg.micro_batch_tokens, token_mean=token_mean)  # fmt: skip
+        mbs = plan(
+            part,
+            version=version,
+            pad_id=pad_id,
+            max_positions=max_pos,
+            budget=cfg.micro_batch_tokens,
+            token_mean=token_mean,
+        )
         mine = mbs[d.rank :: d.world]
         padding = -(-len(mbs) // d.world) - len(mine) if sharded else 0
         plans.append([mb.to(d.device) for mb in mine + mbs[:1] * padding])
@@ -155,8 +165,16 @@ def run_update(
             if sft:
                 loss, m = sft_loss(logp, mb.action_mask)
             else:
-                loss, m = gagpo_loss(logp, logp_prox, mb.logp_behav, mb.action_mask, mb.advantages,
-                                     loss_cfg, logp_ref=logp_ref, entropy=entropy)  # fmt: skip
+                loss, m = gagpo_loss(
+                    logp,
+                    logp_prox,
+                    mb.logp_behav,
+                    mb.action_mask,
+                    mb.advantages,
+                    loss_cfg,
+                    logp_ref=logp_ref,
+                    entropy=entropy,
+                )
             if j >= real[k]:  # FSDP padding: the collectives run, the gradient is zero
                 (loss * 0.0).backward()
                 continue
@@ -182,8 +200,13 @@ def run_update(
     keys = sorted(sums)
     total = all_reduce(torch.stack([sums[k] for k in keys]).cpu(), d)
     sums = dict(zip(keys, total.tolist(), strict=True))
-    top = dict(zip(maxima, all_reduce(torch.stack(list(maxima.values())).cpu(), d, op="max").tolist(),
-                   strict=True))  # fmt: skip
+    top = dict(
+        zip(
+            maxima,
+            all_reduce(torch.stack(list(maxima.values())).cpu(), d, op="max").tolist(),
+            strict=True,
+        )
+    )
     counts = all_reduce(torch.cat(list(hist.values())).cpu(), d)
     hist = dict(zip(hist, counts.split([h.bins for h in HISTOGRAMS.values()]), strict=True))
     out = {k: sums[k] / len(plans) for k in _WEIGHTED}
@@ -267,7 +290,9 @@ def make_feed(
         store.write_parquet(table, store.advantages_path(estimator.tag, ref.shard_id), metadata)
 
     return Feed(
-        store, ledger, pipeline_advantages(estimator),
+        store,
+        ledger,
+        pipeline_advantages(estimator),
         batch_groups=cfg.batch_groups,
         max_staleness=None if cfg.replay or cfg.mode == "sft" else cfg.max_staleness,
         source=Store(cfg.replay) if cfg.replay else None,
@@ -277,7 +302,7 @@ def make_feed(
         on_advantages=keep_advantages if cfg.write_advantages else None,
         vocab_size=vocab_size,  # shards with token ids past the model's are quarantined
         replay_order=replay_order(cfg),
-    )  # fmt: skip
+    )
 
 
 def replay_order(cfg: LearnerConfig) -> list[str] | None:
@@ -298,13 +323,20 @@ def metrics_row(update, version, batch: Batch, stats: dict, feed: Feed, t_wait, 
     version before, and its staleness is measured there (schemas.policy.staleness)."""
     staleness = group_staleness(batch, version - 1)
     return stats | {
-        "update": update, "version": version, "time": t1,
-        "groups": len(batch.groups), "steps": batch.steps.height,
-        "stale_groups": len(batch.stale), "stale_groups_total": feed.stats.groups_stale,
-        "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
-        "tokens_per_s": stats["tokens"] / max(t1 - t0, 1e-9), "update_s": t1 - t0, "wait_s": t0 - t_wait,
+        "update": update,
+        "version": version,
+        "time": t1,
+        "groups": len(batch.groups),
+        "steps": batch.steps.height,
+        "stale_groups": len(batch.stale),
+        "stale_groups_total": feed.stats.groups_stale,
+        "staleness_mean": float(staleness.mean()),
+        "staleness_max": int(staleness.max()),
+        "tokens_per_s": stats["tokens"] / max(t1 - t0, 1e-9),
+        "update_s": t1 - t0,
+        "wait_s": t0 - t_wait,
         "commit_to_use_s": float(np.mean([t0 - g.committed_at for g in batch.groups])),
-    }  # fmt: skip
+    }
 
 
 def histograms(counts: dict, batch: Batch, version: int, max_staleness: int) -> dict:
@@ -368,10 +400,21 @@ class Parts:
         child = head.child(update)
         if self.dist.main or is_sharded(self.model):
             lora = self.cfg.lora if self.cfg.lora.enabled else None
-            commit_version(self.store, head, child, self.model, self.optimizer, self.scheduler,
-                           ledger, base_dir=self.base_dir, keep_versions=self.cfg.keep_versions,
-                           keep_states=self.cfg.keep_checkpoints, lora=lora,
-                           main=self.dist.main, keep_every=self.cfg.keep_every)  # fmt: skip
+            commit_version(
+                self.store,
+                head,
+                child,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                ledger,
+                base_dir=self.base_dir,
+                keep_versions=self.cfg.keep_versions,
+                keep_states=self.cfg.keep_checkpoints,
+                lora=lora,
+                main=self.dist.main,
+                keep_every=self.cfg.keep_every,
+            )
         return child
 
 
@@ -386,9 +429,19 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
     """Run the learner until `cfg.updates` updates are done (or the data runs out)."""
     d = init_dist(cfg.device)
     p = Parts.build(cfg, d, echo)
-    head, ledger = start(p.store, resume=cfg.resume, model=p.model, optimizer=p.optimizer,
-                         scheduler=p.scheduler, main=d.main)  # fmt: skip
+    fresh = cfg.resume and d.main and not has_learner_state(p.store)
+    head, ledger = start(
+        p.store,
+        resume=cfg.resume,
+        model=p.model,
+        optimizer=p.optimizer,
+        scheduler=p.scheduler,
+        main=d.main,
+    )
     update, version = head.update, head.version
+    if fresh:  # documented: --resume on a store no learner published to starts at v0
+        say = echo or (lambda line: print(line, file=sys.stderr))
+        say(f"--resume: store {cfg.store} holds no learner state yet; starting fresh from v0")
     vocab_size = getattr(p.model.config, "vocab_size", None)
     feed = make_feed(p.store, ledger, cfg, vocab_size) if d.main else None
     if d.main:
@@ -406,15 +459,26 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
             break
         t0 = time.time()
         faults.set_update(update + 1)
-        stats, hists = run_update(p.model, p.optimizer, p.scheduler, table, version=version, cfg=cfg,
-                                  d=d, pad_id=pad_id, ref_model=p.ref_model)  # fmt: skip
+        stats, hists = run_update(
+            p.model,
+            p.optimizer,
+            p.scheduler,
+            table,
+            version=version,
+            cfg=cfg,
+            d=d,
+            pad_id=pad_id,
+            ref_model=p.ref_model,
+        )
         stats["lr"] = p.scheduler.get_last_lr()[0]
         update, version = update + 1, version + 1
         # ledger → metrics → state → policy → LATEST (see the module docstring)
         if d.main:
             feed.commit(batch, update, version - 1)
-            log.write(metrics_row(update, version, batch, stats, feed, t_wait, t0, time.time()),
-                      histograms(hists, batch, version - 1, cfg.max_staleness))  # fmt: skip
+            log.write(
+                metrics_row(update, version, batch, stats, feed, t_wait, t0, time.time()),
+                histograms(hists, batch, version - 1, cfg.max_staleness),
+            )
             summary.groups += len(batch.groups)
         head = p.publish(head, update, feed.ledger if d.main else None)
         summary.tokens += stats["tokens"]

@@ -27,9 +27,18 @@ def straight(tmp_path_factory):
     """The same run, never interrupted: the reference weights."""
     root = tmp_path_factory.mktemp("straight") / "store"
     store = new_store(root)
-    cfg = LearnerConfig(store=str(root), policy=str(tiny_model_dir()), updates=UPDATES,
-                        batch_groups=B, max_staleness=100, lr=3e-3, micro_batch_tokens=96,
-                        keep_versions=100, poll_interval_s=0.05, idle_timeout_s=1.0)  # fmt: skip
+    cfg = LearnerConfig(
+        store=str(root),
+        policy=str(tiny_model_dir()),
+        updates=UPDATES,
+        batch_groups=B,
+        max_staleness=100,
+        lr=3e-3,
+        micro_batch_tokens=96,
+        keep_versions=100,
+        poll_interval_s=0.05,
+        idle_timeout_s=1.0,
+    )
     train(cfg)
     return store
 
@@ -81,8 +90,15 @@ def test_resume_refuses_a_version_without_its_state(tmp_path):
     restart from base weights under a later version number."""
     root = tmp_path / "store"
     store = new_store(root)
-    cfg = dict(store=str(root), policy=str(tiny_model_dir()), batch_groups=B, lr=3e-3,
-               micro_batch_tokens=96, poll_interval_s=0.05, idle_timeout_s=0.5)  # fmt: skip
+    cfg = dict(
+        store=str(root),
+        policy=str(tiny_model_dir()),
+        batch_groups=B,
+        lr=3e-3,
+        micro_batch_tokens=96,
+        poll_interval_s=0.05,
+        idle_timeout_s=0.5,
+    )
     train(LearnerConfig(**cfg, updates=2))
     assert store.fs.exists(f"{checkpoint_dir(store, 2)}/{COMPLETE}")
     store.fs.rm(checkpoint_dir(store, 2), recursive=True)
@@ -92,3 +108,25 @@ def test_resume_refuses_a_version_without_its_state(tmp_path):
     store.fs.rm(store.path("learner"), recursive=True)
     with pytest.raises(GagpoError, match="versions up to v2 but no learner state"):
         train(LearnerConfig(**cfg, updates=3))
+
+
+def test_resume_without_learner_state_says_it_starts_fresh(tmp_path):
+    """--resume on a store actors wrote but no learner ever published to: one line says it
+    starts from v0 (documented), then it trains as a fresh run does."""
+    root = tmp_path / "store"
+    new_store(root)
+    lines: list[str] = []
+    cfg = LearnerConfig(
+        store=str(root),
+        policy=str(tiny_model_dir()),
+        batch_groups=B,
+        lr=3e-3,
+        micro_batch_tokens=96,
+        poll_interval_s=0.05,
+        idle_timeout_s=0.5,
+        updates=1,
+        resume=True,
+    )
+    summary = train(cfg, echo=lines.append)
+    assert summary.updates == 1
+    assert lines[0] == f"--resume: store {root} holds no learner state yet; starting fresh from v0"
