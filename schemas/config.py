@@ -159,9 +159,10 @@ class ActorConfig(Config):
 M = TypeVar("M", bound=BaseModel)
 
 
-def describe_error(error: PydanticValidationError, prefix: str = "") -> str:
-    """One line for the first problem: field path, what is wrong, and the value given."""
-    first = error.errors()[0]
+def describe_error(error: PydanticValidationError, prefix: str = "", errors=None) -> str:
+    """One line for the first problem (of `errors`, default all): field path, what is
+    wrong, and the value given."""
+    first = (errors or error.errors())[0]
     field = ".".join(str(p) for p in first["loc"]) or "(config)"
     given = first.get("input")
     msg = first["msg"]
@@ -195,6 +196,17 @@ def read_toml(path: str | Path, section: str | None = None) -> dict[str, Any]:
     return data
 
 
+def _check_file(model: type[BaseModel], data: dict[str, Any], path: str | Path) -> None:
+    """A wrong value in the file is reported even where a flag or --set overrides it (a
+    config file is checked as written): every problem but a field it leaves to the flags."""
+    try:
+        model.model_validate(data)
+    except PydanticValidationError as exc:
+        wrong = [e for e in exc.errors() if e["type"] not in ("missing", "extra_forbidden")]
+        if wrong:
+            raise GagpoError(describe_error(exc, f"config file {str(path)!r}: ", wrong)) from None
+
+
 def load_config(
     model: type[M],
     path: str | Path | None = None,
@@ -204,6 +216,8 @@ def load_config(
 ) -> M:
     """Build a config model from an optional TOML file plus CLI overrides (None = not given)."""
     data: dict[str, Any] = read_toml(path, section) if path else {}
+    if data:
+        _check_file(model, data, path)
     for key, value in (overrides or {}).items():
         if value is None:
             continue

@@ -26,10 +26,16 @@ def test_values_are_read_as_toml_else_text():
 
 def test_nested_sets_reach_the_models():
     sets = parse_sets(
-        ["learner.loss.eps_low=0.1", "lora.rank=16", "lora.target_modules=['q_proj']",
-         "estimator.lam=0.5", "log_to=['tensorboard']"],
-        LearnerConfig, "learner",
-    )  # fmt: skip
+        [
+            "learner.loss.eps_low=0.1",
+            "lora.rank=16",
+            "lora.target_modules=['q_proj']",
+            "estimator.lam=0.5",
+            "log_to=['tensorboard']",
+        ],
+        LearnerConfig,
+        "learner",
+    )
     cfg = load_config(LearnerConfig, overrides=merge(sets, {"store": "s", "lora.rank": None}))
     assert cfg.loss.eps_low == 0.1 and cfg.lora.rank == 16
     assert cfg.lora.target_modules == ["q_proj"]
@@ -59,8 +65,10 @@ def test_bad_keys_name_the_field_and_the_accepted_names(item, message):
 
 def test_run_sets_are_split_by_table():
     assert split_sections(["learner.lr=0.1", "run.actors=1"], ("run", "actors", "learner")) == {
-        "run": ["actors=1"], "actors": [], "learner": ["lr=0.1"],
-    }  # fmt: skip
+        "run": ["actors=1"],
+        "actors": [],
+        "learner": ["lr=0.1"],
+    }
     with pytest.raises(GagpoError, match=r"accepted: run\.KEY=VALUE, actors\.KEY=VALUE"):
         split_sections(["lr=0.1"], ("run", "actors", "learner"))
 
@@ -145,3 +153,18 @@ def test_a_misspelt_key_in_a_config_file_names_the_closest_one(tmp_path):
     assert str(caught.value) == (
         f"config file {str(path)!r} [actors.sampling]: unknown key 'top_q'; did you mean 'top_p'?"
     )
+
+
+def test_a_wrong_value_in_a_config_file_is_reported_even_when_a_flag_overrides_it(tmp_path):
+    path = tmp_path / "actors.toml"
+    path.write_text('[actors]\nstore = "s"\ngroups_in_flight = "4"\n')
+    with pytest.raises(GagpoError) as caught:
+        load_config(ActorConfig, path, section="actors", overrides={"groups_in_flight": 2})
+    assert str(caught.value) == (
+        f"config file {str(path)!r}: config field 'groups_in_flight': Input should be a valid "
+        "integer (got '4')"
+    )
+    # a field the file leaves to the flags is no error of the file's
+    path.write_text('[actors]\ngroups_in_flight = 4\n')
+    config = load_config(ActorConfig, path, section="actors", overrides={"store": "s"})
+    assert config.groups_in_flight == 4 and config.store == "s"
