@@ -85,12 +85,9 @@ def test_kill_around_publication_then_resume(straight, tmp_path, hold):
         np.testing.assert_allclose(a[name], b[name], atol=1e-6, rtol=0, err_msg=name)
 
 
-def test_resume_refuses_a_version_without_its_state(tmp_path):
-    """A LATEST whose training state is gone cannot continue its lineage: one line, no
-    restart from base weights under a later version number."""
-    root = tmp_path / "store"
-    store = new_store(root)
-    cfg = dict(
+def in_process(root: Path) -> dict:
+    """The settings of a learner trained in this process on `new_store(root)`."""
+    return dict(
         store=str(root),
         policy=str(tiny_model_dir()),
         batch_groups=B,
@@ -99,6 +96,14 @@ def test_resume_refuses_a_version_without_its_state(tmp_path):
         poll_interval_s=0.05,
         idle_timeout_s=0.5,
     )
+
+
+def test_resume_refuses_a_version_without_its_state(tmp_path):
+    """A LATEST whose training state is gone cannot continue its lineage: one line, no
+    restart from base weights under a later version number."""
+    root = tmp_path / "store"
+    store = new_store(root)
+    cfg = in_process(root)
     train(LearnerConfig(**cfg, updates=2))
     assert store.fs.exists(f"{checkpoint_dir(store, 2)}/{COMPLETE}")
     store.fs.rm(checkpoint_dir(store, 2), recursive=True)
@@ -116,17 +121,6 @@ def test_resume_without_learner_state_says_it_starts_fresh(tmp_path):
     root = tmp_path / "store"
     new_store(root)
     lines: list[str] = []
-    cfg = LearnerConfig(
-        store=str(root),
-        policy=str(tiny_model_dir()),
-        batch_groups=B,
-        lr=3e-3,
-        micro_batch_tokens=96,
-        poll_interval_s=0.05,
-        idle_timeout_s=0.5,
-        updates=1,
-        resume=True,
-    )
-    summary = train(cfg, echo=lines.append)
+    summary = train(LearnerConfig(**in_process(root), updates=1, resume=True), echo=lines.append)
     assert summary.updates == 1
     assert lines[0] == f"--resume: store {root} holds no learner state yet; starting fresh from v0"
