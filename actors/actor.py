@@ -110,9 +110,16 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
 
         torch.set_num_threads(config.threads)
     if policy is None:
-        policy = load_policy(config.policy, version=0, sampling=config.sampling,
-                             device=config.device, backend=config.backend, stop=stop_strings,
-                             vllm=config.vllm, seed=config.seed)  # fmt: skip
+        policy = load_policy(
+            config.policy,
+            version=0,
+            sampling=config.sampling,
+            device=config.device,
+            backend=config.backend,
+            stop=stop_strings,
+            vllm=config.vllm,
+            seed=config.seed,
+        )
     if stop_strings == ():  # replies that span lines (agents): the HF backend stops at EOS only
         policy.stop_at_newline = False
     # Version 0 lives in the store too: learners start from exactly these weights.
@@ -120,11 +127,21 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
     continuous = hasattr(policy, "submit") and not config.expert
     in_flight = config.groups_in_flight or (CONTINUOUS_GROUPS_IN_FLIGHT if continuous else 1)
     summary.groups_in_flight = in_flight
-    slots = Slots(env_factory, in_flight * config.group_size, executor=config.env_executor,
-                  workers=config.env_workers)  # fmt: skip
-    runner = Rollouts(slots, policy, group_size=config.group_size, capacity=in_flight,
-                      history_window=config.history_window, run_id=run_id,
-                      continuous=continuous)  # fmt: skip
+    slots = Slots(
+        env_factory,
+        in_flight * config.group_size,
+        executor=config.env_executor,
+        workers=config.env_workers,
+    )
+    runner = Rollouts(
+        slots,
+        policy,
+        group_size=config.group_size,
+        capacity=in_flight,
+        history_window=config.history_window,
+        run_id=run_id,
+        continuous=continuous,
+    )
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     pending: list[dict[str, list]] = []
@@ -142,8 +159,15 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
                 throttled = room <= 0
                 for _ in range(room):
                     demo = Expert(policy, config.expert_noise, noise_rng) if config.expert else None
-                    runner.start(GroupTask(k, config.seed + k, new_id(),
-                                           sampling_seed(config.seed, run_id, k), demo))  # fmt: skip
+                    runner.start(
+                        GroupTask(
+                            k,
+                            config.seed + k,
+                            new_id(),
+                            sampling_seed(config.seed, run_id, k),
+                            demo,
+                        )
+                    )
                     k += 1
                     if stop.stop or not (config.follow or k < config.groups):
                         break
@@ -165,11 +189,14 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
                 if isinstance(outcome, GroupLost):
                     summary.groups_lost += 1
                     lost_in_a_row += 1
-                    warn(f"group {outcome.task.group_id} (task seed {outcome.task.task_seed}) "
-                         f"lost: {outcome.reason}")  # fmt: skip
+                    warn(
+                        f"group {outcome.task.group_id} (task seed {outcome.task.task_seed}) "
+                        f"lost: {outcome.reason}"
+                    )
                     if lost_in_a_row >= max(3, in_flight):
-                        raise GagpoError(f"{lost_in_a_row} groups lost in a row; the last: "
-                                         f"{outcome.reason}")  # fmt: skip
+                        raise GagpoError(
+                            f"{lost_in_a_row} groups lost in a row; the last: {outcome.reason}"
+                        )
                     continue
                 lost_in_a_row = 0
                 summary.add(outcome)
@@ -178,7 +205,10 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
                     summary.shards.append(_commit(store, pending, config, summary))
                     pending = []
             summary.seconds_total = time.perf_counter() - start
-            summary.seconds_generate, summary.seconds_env = runner.seconds_generate, runner.seconds_env
+            summary.seconds_generate, summary.seconds_env = (
+                runner.seconds_generate,
+                runner.seconds_env,
+            )
             if outcomes:
                 admission.refresh()  # a group ended: the learner's room may have changed
             if outcomes and progress is not None:
@@ -195,8 +225,10 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
     summary.seconds_total = time.perf_counter() - start
     summary.seconds_generate, summary.seconds_env = runner.seconds_generate, runner.seconds_env
     if summary.groups_lost and not summary.groups:
-        raise GagpoError(f"all {summary.groups_lost} group(s) were lost to environment errors "
-                         "(each named above); nothing was committed")  # fmt: skip
+        raise GagpoError(
+            f"all {summary.groups_lost} group(s) were lost to environment errors "
+            "(each named above); nothing was committed"
+        )
     return summary
 
 
@@ -246,8 +278,9 @@ def _newest_policy(store: Store, policy, config: ActorConfig):
         try:
             local = store.fetch_policy(latest, str(policy_cache_dir()))
             # vLLM: the running engine loads the new weights (or adapter) in place
-            fresh = load_version(policy, Path(local), latest, sampling=config.sampling,
-                                 device=config.device)  # fmt: skip
+            fresh = load_version(
+                policy, Path(local), latest, sampling=config.sampling, device=config.device
+            )
             fresh.stop_at_newline = getattr(policy, "stop_at_newline", True)
             return fresh
         except (FileNotFoundError, GagpoError):

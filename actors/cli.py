@@ -55,7 +55,11 @@ def _progress_printer(total: int | None):
 
 def _duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
+    return (
+        f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+        if minutes >= 60
+        else f"{minutes}:{secs:02d}"
+    )
 
 
 def _print_summary(summary, store_url: str) -> None:
@@ -67,7 +71,11 @@ def _print_summary(summary, store_url: str) -> None:
         f"success rate {summary.success_rate:.1%}; policy versions "
         f"{', '.join(str(v) for v in sorted(summary.versions)) or '-'}; "
         f"{summary.groups_in_flight} group(s) in flight"
-        + (f"; {summary.groups_lost} group(s) lost (environment errors)" if summary.groups_lost else "")
+        + (
+            f"; {summary.groups_lost} group(s) lost (environment errors)"
+            if summary.groups_lost
+            else ""
+        )
     )
     click.echo(
         f"time: generate {summary.seconds_generate / total:.0%}, environment "

@@ -219,7 +219,9 @@ class Rollouts:
         for group in {id(r.group): r.group for r in demonstrated}.values():
             rows = [r for r in ready if r.group is group]
             envs = [self.slots.env(r.slot) for r in rows]
-            for r, s in zip(rows, group.task.demonstrator(envs, [r.admissible for r in rows]), strict=True):  # type: ignore[misc]
+            for r, s in zip(
+                rows, group.task.demonstrator(envs, [r.admissible for r in rows]), strict=True
+            ):  # type: ignore[misc]
                 samples[id(r)] = s
         self.seconds_generate += time.perf_counter() - t0
         for r in ready:
@@ -313,7 +315,11 @@ class Rollouts:
 
     def _started(self, r: _Rollout, started: Started) -> None:
         first, group = started.reset, r.group
-        r.observation, r.state_key, r.admissible = first.observation, first.state_key, first.admissible
+        r.observation, r.state_key, r.admissible = (
+            first.observation,
+            first.state_key,
+            first.admissible,
+        )
         r.chat = getattr(first, "chat", None)
         group.env_name, group.instructions = started.env_name, started.instructions
         group.started += 1
@@ -321,8 +327,11 @@ class Rollouts:
             return
         keys = {x.state_key for x in group.rollouts}
         if len(keys) != 1:
-            self._lose(group, f"environment {group.env_name} is not deterministic given its seed "
-                              f"({len(keys)} first states for task seed {group.task.task_seed})")  # fmt: skip
+            self._lose(
+                group,
+                f"environment {group.env_name} is not deterministic given its seed "
+                f"({len(keys)} first states for task seed {group.task.task_seed})",
+            )
             return
         self._ready.extend(group.rollouts)
 
@@ -368,11 +377,16 @@ class Rollouts:
         elif all(x.ended for x in group.rollouts):
             self._groups.remove(group)
             self._lanes.append(group.lane)
-            self._finished.append(GroupResult(
-                task=task, columns=group.columns, rollouts=self.group_size,
-                steps=len(group.columns[C.STEP]), successes=sum(x.won for x in group.rollouts),
-                versions=set(group.columns[C.POLICY_VERSION]),
-            ))  # fmt: skip
+            self._finished.append(
+                GroupResult(
+                    task=task,
+                    columns=group.columns,
+                    rollouts=self.group_size,
+                    steps=len(group.columns[C.STEP]),
+                    successes=sum(x.won for x in group.rollouts),
+                    versions=set(group.columns[C.POLICY_VERSION]),
+                )
+            )
 
     def _lose(self, group: _Group, reason: str) -> None:
         group.lost = reason
@@ -414,9 +428,15 @@ def rollout_group(
     raises here."""
     task = GroupTask(0, task_seed, group_id, sampling_seed, demonstrator)
     with Slots(make_env, group_size, executor="inline") as slots:
-        runner = Rollouts(slots, policy, group_size=group_size, history_window=history_window,
-                          capacity=1, run_id=run_id,
-                          continuous=None if demonstrator is None else False)  # fmt: skip
+        runner = Rollouts(
+            slots,
+            policy,
+            group_size=group_size,
+            history_window=history_window,
+            capacity=1,
+            run_id=run_id,
+            continuous=None if demonstrator is None else False,
+        )
         runner.start(task)
         while True:
             for outcome in runner.advance():

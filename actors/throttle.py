@@ -103,9 +103,13 @@ class Throttle:
         """Groups the actor may still generate with `policy_version`, holding `held`
         uncommitted groups of its own."""
         b = self.backlog()
-        return room(b.groups + held, learner_version=b.learner_version,
-                    policy_version=policy_version, batch_groups=b.batch_groups,
-                    max_staleness=b.max_staleness)  # fmt: skip
+        return room(
+            b.groups + held,
+            learner_version=b.learner_version,
+            policy_version=policy_version,
+            batch_groups=b.batch_groups,
+            max_staleness=b.max_staleness,
+        )
 
     def pause(self) -> None:
         """Wait one poll interval (counted in `seconds_waited`)."""

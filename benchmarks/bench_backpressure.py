@@ -37,20 +37,60 @@ from gagpo.schemas.store import Store  # noqa: E402
 def one_run(store_dir: Path, args, throttle: bool) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     actor = subprocess.Popen(
-        [sys.executable, "-m", "gagpo.actors.cli", "--store", str(store_dir), "--env", "household",
-         "--policy", "tiny", "--follow", "--group-size", "4", "--max-turns", "3", "--quiet",
-         "--throttle" if throttle else "--no-throttle"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gagpo.actors.cli",
+            "--store",
+            str(store_dir),
+            "--env",
+            "household",
+            "--policy",
+            "tiny",
+            "--follow",
+            "--group-size",
+            "4",
+            "--max-turns",
+            "3",
+            "--quiet",
+            "--throttle" if throttle else "--no-throttle",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     t0 = time.perf_counter()
     try:
         learner = subprocess.run(
-            [sys.executable, "-m", "gagpo.learner.cli", "--store", str(store_dir),
-             "--policy", str(resolve_model("tiny")), "--updates", str(args.updates),
-             "--batch-groups", str(args.batch_groups), "--max-staleness", str(args.max_staleness),
-             "--lr", "1e-3", "--poll-interval", "0.1", "--idle-timeout", "300", "--quiet"],
-            cwd=ROOT, env=env, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "gagpo.learner.cli",
+                "--store",
+                str(store_dir),
+                "--policy",
+                str(resolve_model("tiny")),
+                "--updates",
+                str(args.updates),
+                "--batch-groups",
+                str(args.batch_groups),
+                "--max-staleness",
+                str(args.max_staleness),
+                "--lr",
+                "1e-3",
+                "--poll-interval",
+                "0.1",
+                "--idle-timeout",
+                "300",
+                "--quiet",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         learner_s = time.perf_counter() - t0
     finally:
         actor.send_signal(signal.SIGTERM)
@@ -82,16 +122,20 @@ def main() -> None:
     parser.add_argument("--batch-groups", type=int, default=2)
     parser.add_argument("--max-staleness", type=int, default=1)
     args = parser.parse_args()
-    print(f"{platform.node()} {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores; updates {args.updates}, B {args.batch_groups}, "
-          f"max_staleness {args.max_staleness}")  # fmt: skip
+    print(
+        f"{platform.node()} {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores; updates {args.updates}, B {args.batch_groups}, "
+        f"max_staleness {args.max_staleness}"
+    )
     print("throttle  generated  trained  stale  never_read  used   actor_throttled_s  learner_s")
     for throttle in (False, True):
         with tempfile.TemporaryDirectory(prefix="gagpo-bp-") as tmp:
             r = one_run(Path(tmp) / "store", args, throttle)
-        print(f"{'on' if throttle else 'off':>8}  {r['generated']:>9}  {r['trained']:>7}  "
-              f"{r['stale']:>5}  {r['never_read']:>10}  {r['used']:>4.0%}  "
-              f"{r['throttled_s']:>17.1f}  {r['learner_s']:>9.1f}")  # fmt: skip
+        print(
+            f"{'on' if throttle else 'off':>8}  {r['generated']:>9}  {r['trained']:>7}  "
+            f"{r['stale']:>5}  {r['never_read']:>10}  {r['used']:>4.0%}  "
+            f"{r['throttled_s']:>17.1f}  {r['learner_s']:>9.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -30,17 +30,36 @@ def run(store: Path, updates: int, every: int, seed: int) -> dict:
     from gagpo.pipeline.sql import query_store
 
     env = dict(os.environ, HOME=str(store.parent / "home"), TMPDIR=str(store.parent))
-    cmd = [GAGPO, "run", "--store", str(store), "--recipe", "demo",
-           "--set", f"learner.updates={updates}", "--set", "run.eval_groups=0",
-           "--set", f"learner.seed={seed}", "--set", f"actors.seed={1000 * seed}",
-           "--set", f"learner.compaction.every_updates={every}",
-           "--set", "learner.compaction.min_mib=0"]  # fmt: skip
+    cmd = [
+        GAGPO,
+        "run",
+        "--store",
+        str(store),
+        "--recipe",
+        "demo",
+        "--set",
+        f"learner.updates={updates}",
+        "--set",
+        "run.eval_groups=0",
+        "--set",
+        f"learner.seed={seed}",
+        "--set",
+        f"actors.seed={1000 * seed}",
+        "--set",
+        f"learner.compaction.every_updates={every}",
+        "--set",
+        "learner.compaction.min_mib=0",
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
-        raise SystemExit(f"gagpo run failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    metrics = query_store(str(store), 'SELECT update_s, wait_s FROM learner_metrics ORDER BY "update"')
+        raise SystemExit(
+            f"gagpo run failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
+    metrics = query_store(
+        str(store), 'SELECT update_s, wait_s FROM learner_metrics ORDER BY "update"'
+    )
     rates = [float(r) for r in ACTOR_RATE.findall(done.stdout + done.stderr)]
     compactions = len(re.findall(r"\[learner\] compaction \d+:", done.stdout + done.stderr))
     return {
@@ -66,28 +85,41 @@ def main() -> None:
                 store.parent.mkdir(parents=True)
                 results[mode].append(run(store, args.updates, every, seed))
                 r = results[mode][-1]
-                print(f"seed {seed} compaction {mode}: median update {r['update_s']:.3f} s, "
-                      f"wait {r['wait_s']:.3f} s, actors {r['actor_steps_s']:.1f} steps/s, "
-                      f"{r['compactions']} compaction(s), {r['wall_s']:.0f} s", file=sys.stderr)  # fmt: skip
+                print(
+                    f"seed {seed} compaction {mode}: median update {r['update_s']:.3f} s, "
+                    f"wait {r['wait_s']:.3f} s, actors {r['actor_steps_s']:.1f} steps/s, "
+                    f"{r['compactions']} compaction(s), {r['wall_s']:.0f} s",
+                    file=sys.stderr,
+                )
 
     def stat(mode: str, key: str) -> tuple[float, float]:
         values = [r[key] for r in results[mode]]
         return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
-    print(f"`python benchmarks/bench_compaction_background.py --updates {args.updates} "
-          f"--every {args.every} --seeds {' '.join(map(str, args.seeds))}` "
-          f"({os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})\n")
-    print("| measurement | compaction every "
-          f"{args.every} updates | compaction off | on / off |\n|---|---:|---:|---:|")
-    for key, label in (("update_s", "learner: median time per update (s)"),
-                       ("wait_s", "learner: median wait for data (s)"),
-                       ("actor_steps_s", "actors: steps/s, both together"),
-                       ("wall_s", "run wall time (s)")):  # fmt: skip
+    print(
+        f"`python benchmarks/bench_compaction_background.py --updates {args.updates} "
+        f"--every {args.every} --seeds {' '.join(map(str, args.seeds))}` "
+        f"({os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})\n"
+    )
+    print(
+        "| measurement | compaction every "
+        f"{args.every} updates | compaction off | on / off |\n|---|---:|---:|---:|"
+    )
+    for key, label in (
+        ("update_s", "learner: median time per update (s)"),
+        ("wait_s", "learner: median wait for data (s)"),
+        ("actor_steps_s", "actors: steps/s, both together"),
+        ("wall_s", "run wall time (s)"),
+    ):
         on, off = stat("on", key), stat("off", key)
-        print(f"| {label} | {on[0]:.3f} ± {on[1]:.3f} | {off[0]:.3f} ± {off[1]:.3f} | "
-              f"{on[0] / off[0] if off[0] else float('nan'):.2f}× |")
-    print(f"| compactions per run | {stat('on', 'compactions')[0]:.0f} | "
-          f"{stat('off', 'compactions')[0]:.0f} | |")
+        print(
+            f"| {label} | {on[0]:.3f} ± {on[1]:.3f} | {off[0]:.3f} ± {off[1]:.3f} | "
+            f"{on[0] / off[0] if off[0] else float('nan'):.2f}× |"
+        )
+    print(
+        f"| compactions per run | {stat('on', 'compactions')[0]:.0f} | "
+        f"{stat('off', 'compactions')[0]:.0f} | |"
+    )
 
 
 if __name__ == "__main__":

@@ -64,13 +64,17 @@ class Rooms:
         self.order = list(self.ROOMS[: self.size])
         random.Random(seed).shuffle(self.order)
         self.at, self.turn, self.last = 0, 0, "none"
-        return self._obs(), {"admissible_commands": ["go east", "go west", "look"],
-                             "expert_plan": ["go east"] * (len(self.order) - 1)}  # fmt: skip
+        return self._obs(), {
+            "admissible_commands": ["go east", "go west", "look"],
+            "expert_plan": ["go east"] * (len(self.order) - 1),
+        }
 
     def _obs(self) -> str:
         room = self.order[self.at]
-        return (f"Turn {self.turn}. Last action: {self.last}. You are in the {room}. "
-                f"Exits lead east and west. Find the key in the {self.order[-1]}.")  # fmt: skip
+        return (
+            f"Turn {self.turn}. Last action: {self.last}. You are in the {room}. "
+            f"Exits lead east and west. Find the key in the {self.order[-1]}."
+        )
 
     def step(self, action):
         self.turn += 1
@@ -108,8 +112,14 @@ def rewrite_query(text: str, rng: random.Random) -> str:
     return f"search[{' '.join(words)}]"
 
 
-def plays(name: str, groups: int = 6, size: int = 8, noise: float = 0.3, max_turns: int = 30,
-          seed: int = 0) -> pl.DataFrame:  # fmt: skip
+def plays(
+    name: str,
+    groups: int = 6,
+    size: int = 8,
+    noise: float = 0.3,
+    max_turns: int = 30,
+    seed: int = 0,
+) -> pl.DataFrame:
     """Noisy expert rollouts as a steps table (the columns the stage and credit.py read).
     A loop over turns of a simulator, not over stored rows: this is the data source."""
     rows = []
@@ -125,11 +135,20 @@ def plays(name: str, groups: int = 6, size: int = 8, noise: float = 0.3, max_tur
                 if name == "webshop-queries" and text.startswith("search["):
                     text = rewrite_query(text, rng)
                 tr = env.step(text)
-                rows.append({C.GROUP_ID: f"{name}-{g}", C.TRAJ_ID: f"{name}-{g}-{i}", C.STEP: t,
-                             C.STATE_KEY: tr.state_key, C.NEXT_STATE_KEY: tr.next_state_key,
-                             C.REWARD: float(tr.reward), C.DONE: tr.done,
-                             C.TRUNCATED: tr.truncated or (t == max_turns - 1 and not tr.done),
-                             C.ACTION_TEXT: text, C.POLICY_VERSION: 0})  # fmt: skip
+                rows.append(
+                    {
+                        C.GROUP_ID: f"{name}-{g}",
+                        C.TRAJ_ID: f"{name}-{g}-{i}",
+                        C.STEP: t,
+                        C.STATE_KEY: tr.state_key,
+                        C.NEXT_STATE_KEY: tr.next_state_key,
+                        C.REWARD: float(tr.reward),
+                        C.DONE: tr.done,
+                        C.TRUNCATED: tr.truncated or (t == max_turns - 1 and not tr.done),
+                        C.ACTION_TEXT: text,
+                        C.POLICY_VERSION: 0,
+                    }
+                )
                 if tr.done or tr.truncated:
                     break
                 admissible = tr.admissible
@@ -184,13 +203,23 @@ def timing(n_steps: int, modes: tuple[str, ...] = MODES, repeat: int = 1) -> dic
     # observation-like text: a turn counter and the state, as a Gym text env shows them
     text = "Turn {}. You are in the old house, room {}. A table, a lamp and {} doors."
     keyed = steps.with_columns(
-        pl.format(text, pl.col(C.STEP), pl.col(C.STATE_KEY).str.extract(r"at=(\d+-\d+)"),
-                  pl.col(C.STATE_KEY).str.len_chars() % 5).alias(C.STATE_KEY),
+        pl.format(
+            text,
+            pl.col(C.STEP),
+            pl.col(C.STATE_KEY).str.extract(r"at=(\d+-\d+)"),
+            pl.col(C.STATE_KEY).str.len_chars() % 5,
+        ).alias(C.STATE_KEY),
         pl.when(pl.col(C.NEXT_STATE_KEY).is_not_null())
-        .then(pl.format(text, pl.col(C.STEP) + 1, pl.col(C.NEXT_STATE_KEY).str.extract(r"at=(\d+-\d+)"),
-                        pl.col(C.NEXT_STATE_KEY).str.len_chars() % 5))
+        .then(
+            pl.format(
+                text,
+                pl.col(C.STEP) + 1,
+                pl.col(C.NEXT_STATE_KEY).str.extract(r"at=(\d+-\d+)"),
+                pl.col(C.NEXT_STATE_KEY).str.len_chars() % 5,
+            )
+        )
         .alias(C.NEXT_STATE_KEY),
-    )  # fmt: skip
+    )
     out = {"steps": keyed.height}
     for mode in modes:
         config = parse_estimator_config({"state_grouping": mode})
@@ -207,12 +236,20 @@ def timing(n_steps: int, modes: tuple[str, ...] = MODES, repeat: int = 1) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=("shares", "credit", "time"),
-                        default=["shares", "credit", "time"])  # fmt: skip
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=("shares", "credit", "time"),
+        default=["shares", "credit", "time"],
+    )
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--time-modes", nargs="+", default=list(MODES),
-                        help="modes to time (similar:τ is a Python per-group map: slow at 1 M)")  # fmt: skip
+    parser.add_argument(
+        "--time-modes",
+        nargs="+",
+        default=list(MODES),
+        help="modes to time (similar:τ is a Python per-group map: slow at 1 M)",
+    )
     parser.add_argument(
         "--repeat", type=int, default=1, help="time each mode N times, keep the best"
     )
@@ -229,8 +266,11 @@ def main() -> None:
         results["credit"] = credit_auc()
         print("\n| sokoban GAGPO AUC | " + " | ".join(MODES) + " |")
         print("|---|" + "---|" * len(MODES))
-        print(f"| {results['credit']['labelled_steps']} labelled steps | "
-              + " | ".join(f"{results['credit'][m]:.3f}" for m in MODES) + " |")  # fmt: skip
+        print(
+            f"| {results['credit']['labelled_steps']} labelled steps | "
+            + " | ".join(f"{results['credit'][m]:.3f}" for m in MODES)
+            + " |"
+        )
     if "time" in args.only:
         results["time"] = t = timing(args.steps, tuple(args.time_modes), args.repeat)
         print(f"\n| mode | seconds ({t['steps']} steps) | × exact | singleton share |")

@@ -48,10 +48,16 @@ def build_model(folder: Path, vocab: int, hidden: int, layers: int) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 64),
-        max_position_embeddings=4096, tie_word_embeddings=True, pad_token_id=0,
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 64),
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder
@@ -65,15 +71,25 @@ def batch_table(
     rng = np.random.default_rng(seed)
     n = steps.num_rows
     p_len, a_len = rng.integers(*prompt, n), rng.integers(*action, n)
-    return pa.table({
-        C.SHARD_ID: steps[C.SHARD_ID], C.GROUP_ID: steps[C.GROUP_ID],
-        C.TRAJ_ID: steps[C.TRAJ_ID], C.STEP: steps[C.STEP],
-        C.PROMPT_IDS: pa.array([rng.integers(3, vocab, k).tolist() for k in p_len], pa.list_(pa.int32())),
-        C.ACTION_IDS: pa.array([rng.integers(3, vocab, k).tolist() for k in a_len], pa.list_(pa.int32())),
-        C.BEHAVIOR_LOGPROBS: pa.array([(-rng.uniform(5, 9, k)).tolist() for k in a_len], pa.list_(pa.float32())),
-        C.POLICY_VERSION: pa.array(np.zeros(n, dtype=np.int64)),
-        C.ADVANTAGE: pa.array(rng.normal(size=n)),
-    })  # fmt: skip
+    return pa.table(
+        {
+            C.SHARD_ID: steps[C.SHARD_ID],
+            C.GROUP_ID: steps[C.GROUP_ID],
+            C.TRAJ_ID: steps[C.TRAJ_ID],
+            C.STEP: steps[C.STEP],
+            C.PROMPT_IDS: pa.array(
+                [rng.integers(3, vocab, k).tolist() for k in p_len], pa.list_(pa.int32())
+            ),
+            C.ACTION_IDS: pa.array(
+                [rng.integers(3, vocab, k).tolist() for k in a_len], pa.list_(pa.int32())
+            ),
+            C.BEHAVIOR_LOGPROBS: pa.array(
+                [(-rng.uniform(5, 9, k)).tolist() for k in a_len], pa.list_(pa.float32())
+            ),
+            C.POLICY_VERSION: pa.array(np.zeros(n, dtype=np.int64)),
+            C.ADVANTAGE: pa.array(rng.normal(size=n)),
+        }
+    )
 
 
 def bare_step(model, micro_batches, naive: bool) -> int:
@@ -98,8 +114,13 @@ def bare_step(model, micro_batches, naive: bool) -> int:
 
 def bench_throughput(args, folder: Path) -> dict:
     model = load_model(folder, torch.device("cpu")).train()
-    cfg = LearnerConfig(store="unused", policy=str(folder), micro_batch_tokens=args.micro_batch_tokens,
-                        batch_groups=args.groups, lr=1e-6)  # fmt: skip
+    cfg = LearnerConfig(
+        store="unused",
+        policy=str(folder),
+        micro_batch_tokens=args.micro_batch_tokens,
+        batch_groups=args.groups,
+        lr=1e-6,
+    )
     optimizer, scheduler = make_optimizer(model, cfg)
     vocab = model.config.vocab_size
     table = batch_table(
@@ -128,21 +149,31 @@ def bench_throughput(args, folder: Path) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
-        "actions": table.num_rows, "tokens": tokens, "micro_batches": len(mbs),
+        "actions": table.num_rows,
+        "tokens": tokens,
+        "micro_batches": len(mbs),
         "padded_tokens": sum(mb.input_ids.numel() for mb in mbs),
         **{f"{k}_tok_s": tokens / v for k, v in med.items()},
         "overhead_vs_bare": med["learner"] / med["bare"] - 1,
         "overhead_vs_naive": med["learner"] / med["naive"] - 1,
-    }  # fmt: skip
+    }
 
 
 def bench_delay(args, folder: Path) -> dict:
     """Shards committed one at a time while the learner follows the store."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(tmp)
-        cfg = LearnerConfig(store=tmp, policy=str(folder), updates=args.delay_shards, batch_groups=2,
-                            poll_interval_s=args.poll_interval, idle_timeout_s=60, keep_versions=2,
-                            max_staleness=1000, write_advantages=False)  # fmt: skip
+        cfg = LearnerConfig(
+            store=tmp,
+            policy=str(folder),
+            updates=args.delay_shards,
+            batch_groups=2,
+            poll_interval_s=args.poll_interval,
+            idle_timeout_s=60,
+            keep_versions=2,
+            max_staleness=1000,
+            write_advantages=False,
+        )
         learner = threading.Thread(target=train, args=(cfg,))
         learner.start()
         for i in range(args.delay_shards):
@@ -153,8 +184,12 @@ def bench_delay(args, folder: Path) -> dict:
             store.write_shard(table, group_size=4)
         learner.join()
         delays = read_metrics(store)["commit_to_use_s"].to_numpy()
-    return {"shards": len(delays), "poll_interval_s": args.poll_interval,
-            "delay_median_s": float(np.median(delays)), "delay_max_s": float(delays.max())}  # fmt: skip
+    return {
+        "shards": len(delays),
+        "poll_interval_s": args.poll_interval,
+        "delay_median_s": float(np.median(delays)),
+        "delay_max_s": float(delays.max()),
+    }
 
 
 def main() -> None:
@@ -188,11 +223,15 @@ def main() -> None:
         )
         thr = bench_throughput(args, folder)
         delay = bench_delay(args, folder)
-    print(f"# learner benchmark — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
-          f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")  # fmt: skip
-    print(f"model {thr['params_M']:.1f}M params; batch {args.groups} groups = {thr['actions']} actions, "
-          f"{thr['tokens']} tokens in {thr['micro_batches']} micro-batches "
-          f"({thr['padded_tokens'] / thr['tokens'] - 1:.1%} padding)")  # fmt: skip
+    print(
+        f"# learner benchmark — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    )
+    print(
+        f"model {thr['params_M']:.1f}M params; batch {args.groups} groups = {thr['actions']} actions, "
+        f"{thr['tokens']} tokens in {thr['micro_batches']} micro-batches "
+        f"({thr['padded_tokens'] / thr['tokens'] - 1:.1%} padding)"
+    )
     print(f"learner update        {thr['learner_tok_s']:10.0f} tok/s")
     print(
         f"bare fwd+bwd          {thr['bare_tok_s']:10.0f} tok/s   learner overhead {thr['overhead_vs_bare']:+.1%}"
@@ -200,8 +239,10 @@ def main() -> None:
     print(
         f"naive bare fwd+bwd    {thr['naive_tok_s']:10.0f} tok/s   learner vs naive {thr['overhead_vs_naive']:+.1%}"
     )
-    print(f"commit → use delay: median {delay['delay_median_s']:.2f} s, max {delay['delay_max_s']:.2f} s "
-          f"over {delay['shards']} shards (poll every {delay['poll_interval_s']} s)")  # fmt: skip
+    print(
+        f"commit → use delay: median {delay['delay_median_s']:.2f} s, max {delay['delay_max_s']:.2f} s "
+        f"over {delay['shards']} shards (poll every {delay['poll_interval_s']} s)"
+    )
 
 
 if __name__ == "__main__":

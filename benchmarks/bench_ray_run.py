@@ -22,9 +22,21 @@ QUICK = ["--set", "run.eval_groups=0", "--set", "run.report=false", "--set", "ru
 def timed(args: list[str], store: str) -> float:
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "gagpo.workflows.cli", "run", "--recipe", "tiny", "--store",
-         store, *QUICK, *args], capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gagpo.workflows.cli",
+            "run",
+            "--recipe",
+            "tiny",
+            "--store",
+            store,
+            *QUICK,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         sys.exit(proc.stdout[-2000:] + proc.stderr[-2000:])
     return time.perf_counter() - start

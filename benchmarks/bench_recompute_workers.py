@@ -40,14 +40,20 @@ def build(root: str, shards: int, steps: int) -> int:
         )
         last = pl.col(C.DONE) | pl.col(C.TRUNCATED)
         table = core.with_columns(
-            pl.lit("bench").alias(C.RUN_ID), pl.lit(f"s{i:04d}").alias(C.SHARD_ID),
-            pl.lit("bench").alias(C.ENV), pl.col(C.GROUP_ID).alias(C.TASK_ID),
-            pl.lit("obs").alias(C.OBSERVATION), pl.lit([1, 2, 3]).alias(C.PROMPT_IDS),
-            pl.lit("go").alias(C.ACTION_TEXT), pl.lit([4, 5]).alias(C.ACTION_IDS),
-            pl.lit([-0.5, -1.0]).alias(C.BEHAVIOR_LOGPROBS), pl.lit(0).alias(C.POLICY_VERSION),
-            pl.lit(True).alias(C.ACTION_VALID), (last & (pl.col(C.REWARD) > 0)).alias(C.WON),
+            pl.lit("bench").alias(C.RUN_ID),
+            pl.lit(f"s{i:04d}").alias(C.SHARD_ID),
+            pl.lit("bench").alias(C.ENV),
+            pl.col(C.GROUP_ID).alias(C.TASK_ID),
+            pl.lit("obs").alias(C.OBSERVATION),
+            pl.lit([1, 2, 3]).alias(C.PROMPT_IDS),
+            pl.lit("go").alias(C.ACTION_TEXT),
+            pl.lit([4, 5]).alias(C.ACTION_IDS),
+            pl.lit([-0.5, -1.0]).alias(C.BEHAVIOR_LOGPROBS),
+            pl.lit(0).alias(C.POLICY_VERSION),
+            pl.lit(True).alias(C.ACTION_VALID),
+            (last & (pl.col(C.REWARD) > 0)).alias(C.WON),
             pl.lit(0).cast(pl.Datetime("us", "UTC")).alias(C.CREATED_AT),
-        )  # fmt: skip
+        )
         arrow = table.select(list(C.STEPS_COLUMNS)).to_arrow().cast(C.STEPS_SCHEMA)
         store.write_shard(arrow, group_size=8)
         total += table.height
@@ -61,8 +67,9 @@ def floor(root: str, tag: str) -> float:
     start = time.perf_counter()
     for ref in store.list_shards():
         store.read_shard(ref)
-        store.commit_bytes(store.advantages_path("floor", ref.shard_id),
-                           outputs[f"{ref.shard_id}.parquet"])  # fmt: skip
+        store.commit_bytes(
+            store.advantages_path("floor", ref.shard_id), outputs[f"{ref.shard_id}.parquet"]
+        )
     return time.perf_counter() - start
 
 
@@ -84,19 +91,27 @@ def main() -> None:
         for backend, workers in backends:
             shutil.rmtree(os.path.join(root, "advantages"), ignore_errors=True)
             start = time.perf_counter()
-            recompute_store(root, None, config, workers=workers,
-                            backend="serial" if workers == 1 else backend)  # fmt: skip
-            rows.append((f"{backend if workers > 1 else 'serial'}", workers,
-                         time.perf_counter() - start))  # fmt: skip
+            recompute_store(
+                root, None, config, workers=workers, backend="serial" if workers == 1 else backend
+            )
+            rows.append(
+                (f"{backend if workers > 1 else 'serial'}", workers, time.perf_counter() - start)
+            )
         io_s = floor(root, config.tag)
-    print(f"{opts.shards} shards, {steps} steps ({steps // opts.shards} per shard); "
-          f"cpus {os.cpu_count()}")  # fmt: skip
+    print(
+        f"{opts.shards} shards, {steps} steps ({steps // opts.shards} per shard); "
+        f"cpus {os.cpu_count()}"
+    )
     print("backend    workers  seconds  shards/s  steps/s    x_floor")
     for backend, workers, seconds in rows:
-        print(f"{backend:<10} {workers:>7}  {seconds:7.2f}  {opts.shards / seconds:8.2f}  "
-              f"{steps / seconds:9.0f}  {seconds / io_s:6.2f}")  # fmt: skip
-    print(f"{'I/O floor':<10} {1:>7}  {io_s:7.2f}  {opts.shards / io_s:8.2f}  {steps / io_s:9.0f}"
-          "    1.00")
+        print(
+            f"{backend:<10} {workers:>7}  {seconds:7.2f}  {opts.shards / seconds:8.2f}  "
+            f"{steps / seconds:9.0f}  {seconds / io_s:6.2f}"
+        )
+    print(
+        f"{'I/O floor':<10} {1:>7}  {io_s:7.2f}  {opts.shards / io_s:8.2f}  {steps / io_s:9.0f}"
+        "    1.00"
+    )
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ FLOOR_COUNT = "select count(*) from read_parquet('{path}')"
 def sql_argv(gagpo: str, store, query: str) -> list[str]:
     """`gagpo sql` on `store`, CSV out, no time limit."""
     return [gagpo, "sql", "--store", str(store), "--format", "csv", "--timeout", "0", query]
+
+
 FLOOR_POLICY = FLOOR_TRAJECTORIES + SQL_POLICY
 
 
@@ -135,8 +137,9 @@ def run_process(argv: list[str], env: dict, timeout_s: float) -> Proc:
     """Run `argv`, wall-clock timed; its own peak RSS from wait4 (not the children's max)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=ROOT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=err, env=env, cwd=ROOT, start_new_session=True
+        )
         timer = threading.Timer(timeout_s, lambda: _kill_group(proc.pid))
         timer.start()
         try:
@@ -163,8 +166,9 @@ def first_error_line(text: str) -> str:
     return (lines[-1] if lines else "no output")[:200]
 
 
-def time_cli(argv: list[str], env: dict, repeat: int, timeout_s: float, what: str,
-             check=None) -> Cell:  # fmt: skip
+def time_cli(
+    argv: list[str], env: dict, repeat: int, timeout_s: float, what: str, check=None
+) -> Cell:
     """Best of `repeat` runs of `argv`; `check(proc)` returns (value, problem or None)."""
     cell = Cell()
     for i in range(repeat):
@@ -175,8 +179,14 @@ def time_cli(argv: list[str], env: dict, repeat: int, timeout_s: float, what: st
             log(f"    {what}: {cell.problem}")
             return cell
         cell.rss_mib = max(cell.rss_mib or 0.0, proc.rss_mib)
-        note_run(cell, proc.seconds, proc, check, f"{what}: run {i + 1}/{repeat}",
-                 f" ({proc.rss_mib:.0f} MiB)")  # fmt: skip
+        note_run(
+            cell,
+            proc.seconds,
+            proc,
+            check,
+            f"{what}: run {i + 1}/{repeat}",
+            f" ({proc.rss_mib:.0f} MiB)",
+        )
     cell.seconds = min(cell.runs)
     return cell
 
@@ -227,9 +237,22 @@ def build_seed(args, env: dict) -> Path:
     if (seed / "shards").is_dir() and any((seed / "shards").glob("run=*/*.parquet")):
         log(f"seed store {seed} exists: reused (remove it for a fresh one)")
         return seed
-    argv = [gagpo_bin("gagpo-actors"), "--store", str(seed), "--env", args.seed_env,
-            "--policy", args.seed_policy, "--groups", str(args.seed_groups),
-            "--group-size", str(args.seed_group_size), "--seed", str(args.seed), "--quiet"]  # fmt: skip
+    argv = [
+        gagpo_bin("gagpo-actors"),
+        "--store",
+        str(seed),
+        "--env",
+        args.seed_env,
+        "--policy",
+        args.seed_policy,
+        "--groups",
+        str(args.seed_groups),
+        "--group-size",
+        str(args.seed_group_size),
+        "--seed",
+        str(args.seed),
+        "--quiet",
+    ]
     log(f"building the seed store: {shlex.join(argv)}")
     proc = run_process(argv, env, timeout_s=args.timeout)
     if proc.rc != 0:
@@ -259,11 +282,19 @@ def read_seed(seed: Path) -> list[SeedShard]:
             owner.setdefault(t, g)
         where = {g: i for i, g in enumerate(groups)}
         traj_group = [where[owner[t]] if t.startswith(owner[t]) else None for t in trajs]
-        shards.append(SeedShard(
-            ref.run_id, ref.shard_id, table, metadata, groups, trajs, traj_group,
-            pc.index_in(table[C.GROUP_ID], value_set=pa.array(groups, pa.string())),
-            pc.index_in(table[C.TRAJ_ID], value_set=pa.array(trajs, pa.string())),
-        ))  # fmt: skip
+        shards.append(
+            SeedShard(
+                ref.run_id,
+                ref.shard_id,
+                table,
+                metadata,
+                groups,
+                trajs,
+                traj_group,
+                pc.index_in(table[C.GROUP_ID], value_set=pa.array(groups, pa.string())),
+                pc.index_in(table[C.TRAJ_ID], value_set=pa.array(trajs, pa.string())),
+            )
+        )
     return shards
 
 
@@ -279,8 +310,10 @@ def clone_table(shard: SeedShard, clone: int) -> tuple[pa.Table, str]:
     prefix = f"c{clone:06d}-"
     shard_id = prefix + shard.shard_id
     groups = [prefix + g for g in shard.groups]
-    trajs = [prefix + t if gi is None else groups[gi] + t[len(shard.groups[gi]):]
-             for t, gi in zip(shard.trajs, shard.traj_group, strict=True)]  # fmt: skip
+    trajs = [
+        prefix + t if gi is None else groups[gi] + t[len(shard.groups[gi]) :]
+        for t, gi in zip(shard.trajs, shard.traj_group, strict=True)
+    ]
     table = shard.table
     n = table.num_rows
     replace = {
@@ -331,8 +364,9 @@ def build_store(seed: list[SeedShard], n_groups: int, store: Path, floor: Path) 
                     folder.mkdir(parents=True, exist_ok=True)
                     made_dirs.add(folder)
                 path = folder / f"{shard_id}.parquet"
-                pq.write_table(table.replace_schema_metadata(shard.metadata), path,
-                               compression="zstd")  # fmt: skip
+                pq.write_table(
+                    table.replace_schema_metadata(shard.metadata), path, compression="zstd"
+                )
                 if clone == 0:  # the first clone of each seed shard, read back as readers do
                     check_shard(path, shard.metadata)
                 built.shard_bytes += path.stat().st_size
@@ -346,8 +380,10 @@ def build_store(seed: list[SeedShard], n_groups: int, store: Path, floor: Path) 
                     writer = _flush(writer, floor, pending, seed[0].metadata)
                     pending, pending_rows = [], 0
                 if time.monotonic() - last_report > 10:
-                    log(f"    cloned {built.groups}/{n_groups} groups "
-                        f"({built.groups / (time.perf_counter() - t0):.0f}/s)")  # fmt: skip
+                    log(
+                        f"    cloned {built.groups}/{n_groups} groups "
+                        f"({built.groups / (time.perf_counter() - t0):.0f}/s)"
+                    )
                     last_report = time.monotonic()
             clone += 1
         if pending:
@@ -442,8 +478,10 @@ class Bench:
         if self.want("sql_count") or self.want("sql_policy"):
             import duckdb
 
-            for row, query, expected in (("sql_count", FLOOR_COUNT, [(built.rows,)]),
-                                         ("sql_policy", FLOOR_POLICY, None)):  # fmt: skip
+            for row, query, expected in (
+                ("sql_count", FLOOR_COUNT, [(built.rows,)]),
+                ("sql_policy", FLOOR_POLICY, None),
+            ):
                 if not self.want(row):
                     continue
                 sql = query.format(path=floor)
@@ -460,18 +498,33 @@ class Bench:
                         return value, f"⚠ answered {value[:3]}, expected {expected}"
                     return value, None
 
-                res[f"{row}.floor"] = cell = time_call(run_duckdb, a.repeat,
-                                                       f"N={n} {row} floor (duckdb in-process)", check=check)  # fmt: skip
+                res[f"{row}.floor"] = cell = time_call(
+                    run_duckdb, a.repeat, f"N={n} {row} floor (duckdb in-process)", check=check
+                )
                 if row == "sql_policy":
                     floor_policy = cell.value
                 code = f"import duckdb; print(duckdb.sql({sql!r}).fetchall())"
-                res[f"{row}.floor_cli"] = time_cli([sys.executable, "-c", code], self.env, a.repeat,
-                                                   a.timeout, f"N={n} {row} floor (python -c duckdb)")  # fmt: skip
+                res[f"{row}.floor_cli"] = time_cli(
+                    [sys.executable, "-c", code],
+                    self.env,
+                    a.repeat,
+                    a.timeout,
+                    f"N={n} {row} floor (python -c duckdb)",
+                )
 
         if self.want("advantages"):
             out = self.work / "floor-advantages.parquet"
-            argv = [gagpo_bin("gagpo"), "advantages", "--input", str(floor), "--out", str(out),
-                    "--compression", "zstd", "--quiet"]  # fmt: skip
+            argv = [
+                gagpo_bin("gagpo"),
+                "advantages",
+                "--input",
+                str(floor),
+                "--out",
+                str(out),
+                "--compression",
+                "zstd",
+                "--quiet",
+            ]
 
             def check_floor(proc):
                 rows = pq.ParquetFile(out).metadata.num_rows
@@ -480,8 +533,14 @@ class Bench:
                     None if rows == built.rows else f"⚠ wrote {rows} rows, expected {built.rows}",
                 )
 
-            res["advantages.floor"] = time_cli(argv, self.env, a.repeat, a.timeout,
-                                               f"N={n} advantages floor (--input one file)", check_floor)  # fmt: skip
+            res["advantages.floor"] = time_cli(
+                argv,
+                self.env,
+                a.repeat,
+                a.timeout,
+                f"N={n} advantages floor (--input one file)",
+                check_floor,
+            )
             out.unlink(missing_ok=True)
 
         for phase in ("before", "after"):
@@ -569,8 +628,12 @@ class Bench:
                 ok = len(refs) == expected
                 return len(refs), None if ok else f"⚠ {len(refs)} shard(s), expected {expected}"
 
-            res[f"list_shards.{phase}"] = time_call(lambda: Store(url).list_shards(), a.repeat,
-                                                    f"N={n} list_shards {phase}", check=check)  # fmt: skip
+            res[f"list_shards.{phase}"] = time_call(
+                lambda: Store(url).list_shards(),
+                a.repeat,
+                f"N={n} list_shards {phase}",
+                check=check,
+            )
         if self.want("step_files"):
             try:
                 from gagpo.schemas.archive import step_files
@@ -588,36 +651,56 @@ class Bench:
                         None if ok else f"⚠ {text} hold {groups} groups, expected {built.groups}",
                     )
 
-                res[f"step_files.{phase}"] = time_call(lambda: step_files(Store(url)), a.repeat,
-                                                       f"N={n} step_files {phase}", check=check)  # fmt: skip
+                res[f"step_files.{phase}"] = time_call(
+                    lambda: step_files(Store(url)),
+                    a.repeat,
+                    f"N={n} step_files {phase}",
+                    check=check,
+                )
         if self.want("backlog"):
 
             def check(backlog):
                 return backlog.groups, None
 
-            res[f"backlog_cold.{phase}"] = time_call(lambda t: t.backlog(), a.repeat,
-                                                     f"N={n} backlog cold {phase}",
-                                                     setup=lambda: Throttle(Store(url)), check=check)  # fmt: skip
+            res[f"backlog_cold.{phase}"] = time_call(
+                lambda t: t.backlog(),
+                a.repeat,
+                f"N={n} backlog cold {phase}",
+                setup=lambda: Throttle(Store(url)),
+                check=check,
+            )
 
             def warm_throttle():
                 throttle = Throttle(Store(url))
                 throttle.backlog()
                 return throttle
 
-            res[f"backlog_warm.{phase}"] = time_call(lambda t: t.backlog(), a.repeat,
-                                                     f"N={n} backlog warm {phase}",
-                                                     setup=warm_throttle, check=check)  # fmt: skip
+            res[f"backlog_warm.{phase}"] = time_call(
+                lambda t: t.backlog(),
+                a.repeat,
+                f"N={n} backlog warm {phase}",
+                setup=warm_throttle,
+                check=check,
+            )
 
     def measure_startup(self) -> None:
         if not (self.want("sql_count") or self.want("sql_policy") or self.want("advantages")):
             return
         log("start-up references")
         self.startup["python -c 'import duckdb'"] = time_cli(
-            [sys.executable, "-c", "import duckdb"], self.env, self.args.repeat, self.args.timeout,
-            "python -c 'import duckdb'")  # fmt: skip
+            [sys.executable, "-c", "import duckdb"],
+            self.env,
+            self.args.repeat,
+            self.args.timeout,
+            "python -c 'import duckdb'",
+        )
         self.startup["gagpo sql --help"] = time_cli(
-            [gagpo_bin("gagpo"), "sql", "--help"], self.env, self.args.repeat, self.args.timeout,
-            "gagpo sql --help")  # fmt: skip
+            [gagpo_bin("gagpo"), "sql", "--help"],
+            self.env,
+            self.args.repeat,
+            self.args.timeout,
+            "gagpo sql --help",
+        )
 
 
 def describe_store(store: Path) -> dict[str, object]:
@@ -675,8 +758,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:"
-                                                               for i in range(len(header))) + "|"]  # fmt: skip
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|",
+    ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -696,19 +781,26 @@ def report(bench: Bench, argv: list[str], started: float) -> str:
         f"- command: `python benchmarks/bench_store_scale.py {shlex.join(argv)}` "
         f"(niceness {os.nice(0)})"
     )
-    out.append(f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; "
-               f"ran {fmt_s(time.perf_counter() - started)}")  # fmt: skip
-    out.append(f"- machine: {platform.node()}, {os.cpu_count()} cores (nproc {nproc()}), "
-               f"{cpu_model()}, {mem_gib():.0f} GiB; Python {platform.python_version()} "
-               f"({platform.platform()})")  # fmt: skip
+    out.append(
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; "
+        f"ran {fmt_s(time.perf_counter() - started)}"
+    )
+    out.append(
+        f"- machine: {platform.node()}, {os.cpu_count()} cores (nproc {nproc()}), "
+        f"{cpu_model()}, {mem_gib():.0f} GiB; Python {platform.python_version()} "
+        f"({platform.platform()})"
+    )
     out.append(
         f"- load average (1 min) at the start / now: {bench.load_start:.2f} / "
         f"{os.getloadavg()[0]:.2f} (other processes share the cores)"
     )
     out.append(f"- versions: duckdb {pkg_version('duckdb')}, pyarrow {pa.__version__}")
     now = git_state()
-    out.append(f"- checkout: {now}" if now == bench.git_start else
-               f"- checkout at the start: {bench.git_start}; now: {now} (changed while it ran)")  # fmt: skip
+    out.append(
+        f"- checkout: {now}"
+        if now == bench.git_start
+        else f"- checkout at the start: {bench.git_start}; now: {now} (changed while it ran)"
+    )
     out.append(
         f"- best of {a.repeat} (compaction: one run); wall-clock; CLI rows are subprocesses "
         "(start-up included), library rows in-process; page cache warm (every file just written)"
@@ -738,7 +830,19 @@ def report(bench: Bench, argv: list[str], started: float) -> str:
         ]
     )
     if any("after" in L.get(n, {}) for n in ns):
-        rows.append(["after: segments (MiB) + inbox shards", *per_n(lambda n: f"{L[n]['after']['segments']} ({L[n]['after']['segment_bytes'] / 2 ** 20:,.0f}) + " f"{L[n]['after']['shards']}" if "after" in L.get(n, {}) else "—")])  # fmt: skip
+        rows.append(
+            [
+                "after: segments (MiB) + inbox shards",
+                *per_n(
+                    lambda n: (
+                        f"{L[n]['after']['segments']} ({L[n]['after']['segment_bytes'] / 2**20:,.0f}) + "
+                        f"{L[n]['after']['shards']}"
+                        if "after" in L.get(n, {})
+                        else "—"
+                    )
+                ),
+            ]
+        )
     rows.append(["floor: one file (MiB)", *per_n(lambda n: f"1 ({B[n].floor_bytes / 2**20:,.0f})")])
     rows.append(["cloning the store + floor (this script)", *per_n(lambda n: fmt_s(B[n].seconds))])
     out += ["## Stores", "", table(head, rows), ""]
@@ -747,14 +851,18 @@ def report(bench: Bench, argv: list[str], started: float) -> str:
     lines: list[tuple[str, str]] = []  # (label, key)
     for row in ("sql_count", "sql_policy"):
         if bench.want(row):
-            lines += [(f"{ROWS[row]}: before", f"{row}.before"),
-                      (f"{ROWS[row]}: after", f"{row}.after"),
-                      ("  floor: duckdb in-process, one file", f"{row}.floor"),
-                      ("  floor: python -c duckdb, one file", f"{row}.floor_cli")]  # fmt: skip
+            lines += [
+                (f"{ROWS[row]}: before", f"{row}.before"),
+                (f"{ROWS[row]}: after", f"{row}.after"),
+                ("  floor: duckdb in-process, one file", f"{row}.floor"),
+                ("  floor: python -c duckdb, one file", f"{row}.floor_cli"),
+            ]
     if bench.want("advantages"):
-        lines += [(f"{ROWS['advantages']}: before", "advantages.before"),
-                  (f"{ROWS['advantages']}: after", "advantages.after"),
-                  ("  floor: gagpo advantages --input one file", "advantages.floor")]  # fmt: skip
+        lines += [
+            (f"{ROWS['advantages']}: before", "advantages.before"),
+            (f"{ROWS['advantages']}: after", "advantages.after"),
+            ("  floor: gagpo advantages --input one file", "advantages.floor"),
+        ]
     for row in ("list_shards", "step_files"):
         if bench.want(row):
             lines += [
@@ -762,10 +870,12 @@ def report(bench: Bench, argv: list[str], started: float) -> str:
                 (f"{ROWS[row]}: after", f"{row}.after"),
             ]
     if bench.want("backlog"):
-        lines += [(f"{ROWS['backlog']} cold (new Throttle): before", "backlog_cold.before"),
-                  (f"{ROWS['backlog']} cold (new Throttle): after", "backlog_cold.after"),
-                  (f"{ROWS['backlog']} warm (2nd call): before", "backlog_warm.before"),
-                  (f"{ROWS['backlog']} warm (2nd call): after", "backlog_warm.after")]  # fmt: skip
+        lines += [
+            (f"{ROWS['backlog']} cold (new Throttle): before", "backlog_cold.before"),
+            (f"{ROWS['backlog']} cold (new Throttle): after", "backlog_cold.after"),
+            (f"{ROWS['backlog']} warm (2nd call): before", "backlog_warm.before"),
+            (f"{ROWS['backlog']} warm (2nd call): after", "backlog_warm.after"),
+        ]
     if any(get(n, "compact.after") for n in ns):
         lines.append((ROWS["compact"] + " (wall, one run)", "compact.after"))
     rows = [[label] + [cell_text(get(n, key)) for n in ns] for label, key in lines]
@@ -821,8 +931,12 @@ def report(bench: Bench, argv: list[str], started: float) -> str:
                 f"advantages: {phase} at N / at N₀",
                 lambda n, p=phase: ratio(s(n, f"advantages.{p}"), s(n0, f"advantages.{p}")),
             )
-    for row, name in (("list_shards", "list_shards"), ("step_files", "step_files"),
-                      ("backlog_cold", "backlog cold"), ("backlog_warm", "backlog warm")):  # fmt: skip
+    for row, name in (
+        ("list_shards", "list_shards"),
+        ("step_files", "step_files"),
+        ("backlog_cold", "backlog cold"),
+        ("backlog_warm", "backlog warm"),
+    ):
         if not bench.want(row.split("_")[0] if row.startswith("backlog") else row):
             continue
         add(
@@ -838,11 +952,20 @@ def report(bench: Bench, argv: list[str], started: float) -> str:
     out += ["## Ratios", "", table(head, rows), ""]
 
     # peak memory of the CLI runs
-    rss_lines = [(label, key) for label, key in lines
-                 if any(get(n, key) is not None and get(n, key).rss_mib for n in ns)]  # fmt: skip
+    rss_lines = [
+        (label, key)
+        for label, key in lines
+        if any(get(n, key) is not None and get(n, key).rss_mib for n in ns)
+    ]
     if rss_lines:
-        rows = [[label] + [f"{get(n, key).rss_mib:,.0f}" if get(n, key) and get(n, key).rss_mib else "—"
-                           for n in ns] for label, key in rss_lines]  # fmt: skip
+        rows = [
+            [label]
+            + [
+                f"{get(n, key).rss_mib:,.0f}" if get(n, key) and get(n, key).rss_mib else "—"
+                for n in ns
+            ]
+            for label, key in rss_lines
+        ]
         out += ["## Peak RSS of the CLI runs (MiB)", "", table(head, rows), ""]
 
     # answers
@@ -854,8 +977,12 @@ def report(bench: Bench, argv: list[str], started: float) -> str:
     if rows:
         out += ["## Answers (what each measured call returned)", "", table(head, rows), ""]
 
-    problems = [f"- N = {n:,}, {key}: {cell.problem}" for n in ns for key, cell in R[n].items()
-                if cell.problem]  # fmt: skip
+    problems = [
+        f"- N = {n:,}, {key}: {cell.problem}"
+        for n in ns
+        for key, cell in R[n].items()
+        if cell.problem
+    ]
     if problems:
         out += ["## Problems", "", *problems, ""]
     return "\n".join(out)
@@ -907,10 +1034,18 @@ def pkg_version(name: str) -> str:
 
 def git_state() -> str:
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
-                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.split("\n")  # fmt: skip
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
         dirty = [d for d in dirty if d.strip()]
         return f"{head[:70]}" + (f" + {len(dirty)} modified file(s)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -999,8 +1134,12 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.work)
     (work / "home").mkdir(parents=True, exist_ok=True)
     (work / "tmp").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HOME": str(work / "home"), "TMPDIR": str(work / "tmp"),
-           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "HOME": str(work / "home"),
+        "TMPDIR": str(work / "tmp"),
+        "PYTHONUNBUFFERED": "1",
+    }
     env.setdefault("GAGPO_CACHE", str(ROOT / ".cache" / "gagpo"))
     env.pop("GAGPO_STORE_RETRY_S", None)
 
@@ -1009,8 +1148,10 @@ def main(argv: list[str] | None = None) -> None:
     seed = read_seed(seed_dir)
     seed_groups = sum(len(s.groups) for s in seed)
     seed_rows = sum(s.table.num_rows for s in seed)
-    bench.seed_note = (f"{seed_dir} ({len(seed)} shards, {seed_groups} groups, {seed_rows:,} steps; "
-                       f"{seed_rows / seed_groups:.0f} steps per group), cloned with fresh ids")  # fmt: skip
+    bench.seed_note = (
+        f"{seed_dir} ({len(seed)} shards, {seed_groups} groups, {seed_rows:,} steps; "
+        f"{seed_rows / seed_groups:.0f} steps per group), cloned with fresh ids"
+    )
     log(f"seed: {bench.seed_note}")
     bench.measure_startup()
     for n in args.groups:
@@ -1018,9 +1159,11 @@ def main(argv: list[str] | None = None) -> None:
         log(f"N={n}: cloning the seed into {store} and {floor}")
         built = build_store(seed, n, store, floor)
         bench.built[n] = built
-        log(f"  {built.groups} groups, {built.rows:,} steps, {built.shards} shards "
+        log(
+            f"  {built.groups} groups, {built.rows:,} steps, {built.shards} shards "
             f"({built.shard_bytes / 2**20:.0f} MiB), floor {built.floor_bytes / 2**20:.0f} MiB, "
-            f"in {fmt_s(built.seconds)}")  # fmt: skip
+            f"in {fmt_s(built.seconds)}"
+        )
         try:
             bench.measure(n, built, store, floor)
         finally:
@@ -1035,9 +1178,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         Path(args.out).write_text(text + "\n")
     if args.json:
-        raw = {str(n): {k: {"seconds": c.seconds, "runs": c.runs, "rss_mib": c.rss_mib,
-                            "problem": c.problem, "skipped": c.skipped}
-                        for k, c in cells.items()} for n, cells in bench.results.items()}  # fmt: skip
+        raw = {
+            str(n): {
+                k: {
+                    "seconds": c.seconds,
+                    "runs": c.runs,
+                    "rss_mib": c.rss_mib,
+                    "problem": c.problem,
+                    "skipped": c.skipped,
+                }
+                for k, c in cells.items()
+            }
+            for n, cells in bench.results.items()
+        }
         Path(args.json).write_text(json.dumps(raw, indent=1) + "\n")
     log(f"done in {fmt_s(time.perf_counter() - started)}")
 

@@ -84,8 +84,11 @@ def build(args, env: dict) -> tuple[Path, Path]:
         built = scale.build_store(seed, args.groups, before, floor)
         floor.unlink(missing_ok=True)  # the scale benchmark's one-file floor: not needed here
         log(f"  {built.groups} groups, {built.rows:,} steps, {built.shards} shards")
-        cli([scale.gagpo_bin("gagpo"), "advantages", "--store", str(before), "--quiet"], env,
-            args.timeout)  # fmt: skip
+        cli(
+            [scale.gagpo_bin("gagpo"), "advantages", "--store", str(before), "--quiet"],
+            env,
+            args.timeout,
+        )
         (work / f"store-{args.groups}.done").touch()
     else:
         log(f"N={args.groups}: {before} exists: reused")
@@ -93,8 +96,9 @@ def build(args, env: dict) -> tuple[Path, Path]:
         shutil.rmtree(after, ignore_errors=True)
         log(f"copying {before} to {after}")
         shutil.copytree(before, after)
-        cli([scale.gagpo_bin("gagpo"), "compact", "--store", str(after), "--all"], env,
-            args.timeout)  # fmt: skip
+        cli(
+            [scale.gagpo_bin("gagpo"), "compact", "--store", str(after), "--all"], env, args.timeout
+        )
         (work / f"store-{args.groups}-compacted.done").touch()
     return before, after
 
@@ -157,18 +161,23 @@ def measure(url: str, repeat: int) -> tuple[dict[str, scale.Cell], dict]:
     for name, call in calls.items():
         cells[name] = scale.time_call(call, repeat, name)
     columns = ", ".join(f'"{c}"' for c in data.STEP_COLUMNS)
-    read = scans(session, f"SELECT {columns} FROM steps WHERE group_id = ? ORDER BY traj_id, step",
-                 [group])  # fmt: skip
-    read["group_rows"] = session.rows("SELECT count(*) AS n FROM steps WHERE group_id = ?",
-                                      [group])[0]["n"]  # fmt: skip
+    read = scans(
+        session, f"SELECT {columns} FROM steps WHERE group_id = ? ORDER BY traj_id, step", [group]
+    )
+    read["group_rows"] = session.rows(
+        "SELECT count(*) AS n FROM steps WHERE group_id = ?", [group]
+    )[0]["n"]
     read["store_rows"] = session.rows("SELECT count(*) AS n FROM steps")[0]["n"]
     session.close()
     return cells, read
 
 
 def pushdown_text(read: dict) -> str:
-    groups = (f"{read['row_groups']} of {read['row_groups_total']} row groups, "
-              if read["row_groups_total"] else "")  # fmt: skip
+    groups = (
+        f"{read['row_groups']} of {read['row_groups_total']} row groups, "
+        if read["row_groups_total"]
+        else ""
+    )
     pushed = (
         "the filter in every scan, " if read.get("filtered") else "NOT pushed into every scan, "
     )
@@ -190,34 +199,52 @@ def report(args, argv: list[str], results: dict, layouts: dict) -> str:
         f"- best of {args.repeat}, in-process, one session per store, page cache warm",
     ]
     for phase, layout in layouts.items():
-        lines.append(f"- {phase}: {layout['shards']:,} shards ({layout['shard_bytes'] / 2**20:.0f} "
-                     f"MiB), {layout['segments']} segments "
-                     f"({layout['segment_bytes'] / 2**20:.0f} MiB)")  # fmt: skip
+        lines.append(
+            f"- {phase}: {layout['shards']:,} shards ({layout['shard_bytes'] / 2**20:.0f} "
+            f"MiB), {layout['segments']} segments "
+            f"({layout['segment_bytes'] / 2**20:.0f} MiB)"
+        )
     for phase, (_, read) in results.items():
         lines.append(f"- group page's scan of `steps`, {phase}: {pushdown_text(read)}")
     header = ["page (data call)", *[f"{args.groups:,} groups, {p}" for p in results]]
-    rows = [[label, *[scale.cell_text(results[p][0].get(key)) for p in results]]
-            for key, label in PAGES.items()]  # fmt: skip
+    rows = [
+        [label, *[scale.cell_text(results[p][0].get(key)) for p in results]]
+        for key, label in PAGES.items()
+    ]
     lines += ["", scale.table(header, rows)]
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--groups", type=int, default=16000, help="store size (default 16000)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per call; the best counts")
-    parser.add_argument("--seed-store", default=None, metavar="PATH",
-                        help="clone this store's shards (default: build the scale benchmark's seed)")  # fmt: skip
+    parser.add_argument(
+        "--seed-store",
+        default=None,
+        metavar="PATH",
+        help="clone this store's shards (default: build the scale benchmark's seed)",
+    )
     parser.add_argument("--seed-env", default="sokoban")
     parser.add_argument("--seed-policy", default="tiny")
     parser.add_argument("--seed-groups", type=int, default=32)
     parser.add_argument("--seed-group-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1, help="the seed actor's --seed")
-    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "gagpo-view-scale"),
-                        metavar="DIR", help="stores (kept and reused), HOME and TMPDIR of the CLIs")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=7200.0, metavar="S",
-                        help="kill a CLI run (advantages, compact) after S seconds")  # fmt: skip
+    parser.add_argument(
+        "--work",
+        default=str(Path(tempfile.gettempdir()) / "gagpo-view-scale"),
+        metavar="DIR",
+        help="stores (kept and reused), HOME and TMPDIR of the CLIs",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=7200.0,
+        metavar="S",
+        help="kill a CLI run (advantages, compact) after S seconds",
+    )
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here")
     return parser.parse_args(argv)
 
@@ -230,8 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.work)
     for sub in ("home", "tmp"):
         (work / sub).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HOME": str(work / "home"), "TMPDIR": str(work / "tmp"),
-           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "HOME": str(work / "home"),
+        "TMPDIR": str(work / "tmp"),
+        "PYTHONUNBUFFERED": "1",
+    }
     env.setdefault("GAGPO_CACHE", str(ROOT / ".cache" / "gagpo"))
     before, after = build(args, env)
     results, layouts = {}, {}

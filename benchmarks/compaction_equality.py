@@ -35,7 +35,9 @@ def views(store: str) -> dict[str, pa.Table]:
         out = {}
         for view in VIEWS:
             table = run_query(con, f"SELECT * FROM {view}")
-            table = table.drop_columns([c for c in IGNORED.get(view, []) if c in table.column_names])
+            table = table.drop_columns(
+                [c for c in IGNORED.get(view, []) if c in table.column_names]
+            )
             out[view] = _sorted(table)
         return out
     finally:
@@ -43,9 +45,12 @@ def views(store: str) -> dict[str, pa.Table]:
 
 
 def _sorted(table: pa.Table) -> pa.Table:
-    sortable = [c for c in table.column_names
-                if not pa.types.is_nested(table.schema.field(c).type)]  # fmt: skip
-    return table.take(pc.sort_indices(table, [(c, "ascending") for c in sortable])) if sortable else table
+    sortable = [c for c in table.column_names if not pa.types.is_nested(table.schema.field(c).type)]
+    return (
+        table.take(pc.sort_indices(table, [(c, "ascending") for c in sortable]))
+        if sortable
+        else table
+    )
 
 
 def advantages(store: str) -> pa.Table:
@@ -82,12 +87,16 @@ def compare(store: str, echo=print) -> list[str]:
             same = before[view].equals(after[view])
             echo(f"  {view:20s} {before[view].num_rows:8d} rows  {'same' if same else 'DIFFERENT'}")
             if not same:
-                problems.append(f"view {view}: {before[view].num_rows} rows before, "
-                                f"{after[view].num_rows} after, not equal")  # fmt: skip
+                problems.append(
+                    f"view {view}: {before[view].num_rows} rows before, "
+                    f"{after[view].num_rows} after, not equal"
+                )
         a, b = advantages(str(before_dir)), advantages(str(after_dir))
         same = a.equals(b)
-        echo(f"  recomputed GAGPO     {a.num_rows:8d} steps {'same' if same else 'DIFFERENT'} "
-             f"({result.segments} segment(s) after, {len(list((before_dir / 'shards').rglob('*.parquet')))} shards before)")  # fmt: skip
+        echo(
+            f"  recomputed GAGPO     {a.num_rows:8d} steps {'same' if same else 'DIFFERENT'} "
+            f"({result.segments} segment(s) after, {len(list((before_dir / 'shards').rglob('*.parquet')))} shards before)"
+        )
         if not same:
             problems.append("recomputed advantages differ")
     return problems

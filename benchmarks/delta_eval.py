@@ -48,10 +48,12 @@ def main() -> None:
     t0 = time.perf_counter()
     for _ in range(args.appends):
         sid = new_id()
-        copy = shard.set_column(shard.schema.get_field_index(C.SHARD_ID), C.SHARD_ID,
-                                pa.array([sid] * shard.num_rows))  # fmt: skip
-        copy = copy.set_column(copy.schema.get_field_index(C.GROUP_ID), C.GROUP_ID,
-                               pa.array([sid] * shard.num_rows))  # fmt: skip
+        copy = shard.set_column(
+            shard.schema.get_field_index(C.SHARD_ID), C.SHARD_ID, pa.array([sid] * shard.num_rows)
+        )
+        copy = copy.set_column(
+            copy.schema.get_field_index(C.GROUP_ID), C.GROUP_ID, pa.array([sid] * shard.num_rows)
+        )
         store.write_shard(copy, group_size=size)
     per_shard = (time.perf_counter() - t0) / args.appends
 
@@ -65,16 +67,25 @@ def main() -> None:
     con.register("delta", deltalake.DeltaTable(table).to_pyarrow_dataset())
     _, duckdb_before = timed(lambda: con.sql("select count(*) from delta").fetchall())
     _, optimize_s = timed(lambda: deltalake.DeltaTable(table).optimize.compact())
-    _, vacuum_s = timed(lambda: deltalake.DeltaTable(table).vacuum(
-        retention_hours=0, enforce_retention_duration=False, dry_run=False))  # fmt: skip
+    _, vacuum_s = timed(
+        lambda: deltalake.DeltaTable(table).vacuum(
+            retention_hours=0, enforce_retention_duration=False, dry_run=False
+        )
+    )
     _, polars_after = timed(lambda: pl.scan_delta(table).select(pl.len()).collect().item())
-    print(f"deltalake {deltalake.__version__}; {args.appends} commits of one group ({group.num_rows} rows)")
+    print(
+        f"deltalake {deltalake.__version__}; {args.appends} commits of one group ({group.num_rows} rows)"
+    )
     print(f"  write_deltalake append   {per_append * 1e3:7.1f} ms each")
     print(f"  Store.write_shard        {per_shard * 1e3:7.1f} ms each")
-    print(f"  polars count ({n} rows)  {polars_before:.3f} s before optimize, {polars_after:.3f} s after")
+    print(
+        f"  polars count ({n} rows)  {polars_before:.3f} s before optimize, {polars_after:.3f} s after"
+    )
     print(f"  duckdb count (Arrow)     {duckdb_before:.3f} s before optimize")
-    print(f"  optimize.compact {optimize_s:.2f} s, vacuum {vacuum_s:.2f} s; "
-          f"log entries {len(os.listdir(os.path.join(table, '_delta_log')))}")  # fmt: skip
+    print(
+        f"  optimize.compact {optimize_s:.2f} s, vacuum {vacuum_s:.2f} s; "
+        f"log entries {len(os.listdir(os.path.join(table, '_delta_log')))}"
+    )
     shutil.rmtree(table, ignore_errors=True)
     shutil.rmtree(store.root, ignore_errors=True)
 

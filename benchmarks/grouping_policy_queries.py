@@ -60,12 +60,17 @@ def describe(steps: pl.DataFrame) -> dict[str, float]:
         (pl.col(C.STATE_KEY) == SEARCH_PAGE) & pl.col(C.ACTION_VALID)
     ).with_columns(pl.col(C.NEXT_STATE_KEY).str.extract(r"query='(.*)' page=").alias("query"))
     per_group = (
-        steps.select(C.GROUP_ID).unique()
-        .join(searches.group_by(C.GROUP_ID).agg(pl.len().alias("searches"),
-                                                pl.col("query").n_unique().alias("queries")),
-              on=C.GROUP_ID, how="left")
+        steps.select(C.GROUP_ID)
+        .unique()
+        .join(
+            searches.group_by(C.GROUP_ID).agg(
+                pl.len().alias("searches"), pl.col("query").n_unique().alias("queries")
+            ),
+            on=C.GROUP_ID,
+            how="left",
+        )
         .fill_null(0)
-    )  # fmt: skip
+    )
     rollouts = steps.group_by(C.TRAJ_ID).agg(pl.col(C.WON).any(), pl.len().alias("turns"))
     # An exact pool's rollouts: a step that is no singleton may still share its pool only
     # with its own rollout's other visits (invalid replies leave the page as it was).
@@ -114,9 +119,10 @@ def main() -> None:
         print(f"{name}: {value}")
     print("\n| env | steps | " + " | ".join(MODES) + " |")
     print("|---|---|" + "---|" * len(MODES))
-    for key, label, n in (("later", args.label, about["later_steps"]),
-                          ("off_search", f"{args.label}, off the search page",
-                           about["later_off_search"])):  # fmt: skip
+    for key, label, n in (
+        ("later", args.label, about["later_steps"]),
+        ("off_search", f"{args.label}, off the search page", about["later_off_search"]),
+    ):
         cells = " | ".join(f"{100 * result[m][key]:.1f} %" for m in MODES)
         print(f"| {label} | {n} | {cells} |")
     if args.json:

@@ -39,10 +39,25 @@ SEEDS = (0, 1, 2)
 GOALS_PER_SEED = 40
 KINDS = ("expert", "other_options", "no_options", "same_type", "any_product", "over_price")
 HAND_VALUES = [
-    "small", "x-small", "large", "x-large", "XL", "king", "california king", "pack of 2",
-    "pack of 6", "9", "9.5", "navy blue", "light blue", "dark grey", "dark green",
-    "maroon red", "standard", "deluxe",
-]  # fmt: skip
+    "small",
+    "x-small",
+    "large",
+    "x-large",
+    "XL",
+    "king",
+    "california king",
+    "pack of 2",
+    "pack of 6",
+    "9",
+    "9.5",
+    "navy blue",
+    "light blue",
+    "dark grey",
+    "dark green",
+    "maroon red",
+    "standard",
+    "deluxe",
+]
 
 
 @dataclass
@@ -120,10 +135,15 @@ def hand_cases() -> list[Case]:
     for wanted in HAND_VALUES:
         for bought in HAND_VALUES:
             goal = Goal(
-                asin=target.asin, instruction="", name=target.name, query=target.query,
-                product_category=target.product_category, attributes=target.attributes[:1],
-                options=(wanted,), price_upper=1000.0,
-            )  # fmt: skip
+                asin=target.asin,
+                instruction="",
+                name=target.name,
+                query=target.query,
+                product_category=target.product_category,
+                attributes=target.attributes[:1],
+                options=(wanted,),
+                price_upper=1000.0,
+            )
             cases.append(Case("hand", "option grid", target, goal, target.price, {"size": bought}))
     return cases
 
@@ -131,15 +151,22 @@ def hand_cases() -> list[Case]:
 def webshop_reward(goal_module: types.ModuleType, case: Case) -> float:
     p, g = case.purchase, case.goal
     purchased = {
-        "query": p.query, "product_category": p.product_category, "name": p.name,
-        "Attributes": list(p.attributes), "Title": p.name, "BulletPoints": list(p.bullets),
+        "query": p.query,
+        "product_category": p.product_category,
+        "name": p.name,
+        "Attributes": list(p.attributes),
+        "Title": p.name,
+        "BulletPoints": list(p.bullets),
         "Description": p.description,
-    }  # fmt: skip
+    }
     goal = {
-        "query": g.query, "product_category": g.product_category, "name": g.name,
-        "attributes": list(g.attributes), "goal_options": list(g.options),
+        "query": g.query,
+        "product_category": g.product_category,
+        "name": g.name,
+        "attributes": list(g.attributes),
+        "goal_options": list(g.options),
         "price_upper": g.price_upper,
-    }  # fmt: skip
+    }
     return float(goal_module.get_reward(purchased, goal, case.price, dict(case.chosen)))
 
 
@@ -160,9 +187,17 @@ def main() -> None:
     for case in generated_cases() + hand_cases():
         ours = reward(case.purchase, case.goal, case.price, case.chosen).total
         theirs = webshop_reward(goal_module, case)
-        rows.append({"source": case.source, "kind": case.kind, "ours": ours, "webshop": theirs,
-                     "agree": abs(ours - theirs) < 1e-9, "chosen": case.chosen,
-                     "goal_options": list(case.goal.options)})  # fmt: skip
+        rows.append(
+            {
+                "source": case.source,
+                "kind": case.kind,
+                "ours": ours,
+                "webshop": theirs,
+                "agree": abs(ours - theirs) < 1e-9,
+                "chosen": case.chosen,
+                "goal_options": list(case.goal.options),
+            }
+        )
     by_kind: dict[str, list[dict]] = {}
     for row in rows:
         by_kind.setdefault(row["kind"], []).append(row)
@@ -178,8 +213,10 @@ def main() -> None:
         )
     print(f"| all | {len(rows)} | {agree} ({agree / len(rows):.2%}) | | |")
     above = [r for r in rows if r["ours"] > 1 or r["webshop"] > 1]
-    print(f"rewards above 1: {len(above)}; ones on one side only: "
-          f"{sum((r['ours'] == 1) != (r['webshop'] == 1) for r in rows)}")  # fmt: skip
+    print(
+        f"rewards above 1: {len(above)}; ones on one side only: "
+        f"{sum((r['ours'] == 1) != (r['webshop'] == 1) for r in rows)}"
+    )
     for r in [r for r in rows if not r["agree"]][:10]:
         print("disagree:", json.dumps(r))
     if args.json:

@@ -83,8 +83,14 @@ class Head:
         return Head(update, self.version + 1, uuid.uuid4().hex)
 
     def record(self, parent: Head) -> dict:
-        return {"version": self.version, "parent": parent.version, "update": self.update,
-                "id": self.id, "parent_id": parent.id, "published_at": time.time()}  # fmt: skip
+        return {
+            "version": self.version,
+            "parent": parent.version,
+            "update": self.update,
+            "id": self.id,
+            "parent_id": parent.id,
+            "published_at": time.time(),
+        }
 
 
 def _trains_everything(model) -> bool:
@@ -92,8 +98,17 @@ def _trains_everything(model) -> bool:
 
 
 # --- saving: every publication -------------------------------------------------------
-def save_state(store: Store, parent: Head, child: Head, model, optimizer, scheduler,
-               ledger: Ledger | None, *, main: bool = True) -> None:  # fmt: skip
+def save_state(
+    store: Store,
+    parent: Head,
+    child: Head,
+    model,
+    optimizer,
+    scheduler,
+    ledger: Ledger | None,
+    *,
+    main: bool = True,
+) -> None:
     """Write the training state of `child` (before its policy folder). Sharded, a
     collective: every rank calls this, and only `main` (with the ledger) writes."""
     optimizer_state = full_optimizer_state(model, optimizer)
@@ -118,13 +133,35 @@ def save_state(store: Store, parent: Head, child: Head, model, optimizer, schedu
         put_folder(store, folder, checkpoint_dir(store, child.version), phase="checkpoint")
 
 
-def commit_version(store: Store, parent: Head, child: Head, model, optimizer, scheduler,
-                   ledger: Ledger | None, *, base_dir, keep_versions: int, keep_states: int,
-                   lora=None, main: bool = True, keep_every: int = 0) -> None:  # fmt: skip
+def commit_version(
+    store: Store,
+    parent: Head,
+    child: Head,
+    model,
+    optimizer,
+    scheduler,
+    ledger: Ledger | None,
+    *,
+    base_dir,
+    keep_versions: int,
+    keep_states: int,
+    lora=None,
+    main: bool = True,
+    keep_every: int = 0,
+) -> None:
     """State, then policy folder (with its lineage record), then LATEST, then pruning."""
     save_state(store, parent, child, model, optimizer, scheduler, ledger, main=main)
-    publish_version(store, model, base_dir, child.version, keep_versions, lora, main=main,
-                    lineage=child.record(parent), keep_every=keep_every)  # fmt: skip
+    publish_version(
+        store,
+        model,
+        base_dir,
+        child.version,
+        keep_versions,
+        lora,
+        main=main,
+        lineage=child.record(parent),
+        keep_every=keep_every,
+    )
     if main:
         prune_states(store, keep_states)
 
@@ -172,8 +209,9 @@ def read_lineage(store: Store, version: int) -> dict:
         return {}
 
 
-def start(store: Store, *, resume: bool, model, optimizer, scheduler,
-          main: bool = True) -> tuple[Head, Ledger]:  # fmt: skip
+def start(
+    store: Store, *, resume: bool, model, optimizer, scheduler, main: bool = True
+) -> tuple[Head, Ledger]:
     """Where this run starts: version 0 with an empty ledger, or (resume) the version
     LATEST names, restored from its own weights and state. The main rank first takes the
     store's lease (learner/lease.py): one learner per store, resumed or not."""
@@ -186,8 +224,9 @@ def start(store: Store, *, resume: bool, model, optimizer, scheduler,
         raise
 
 
-def _start(store: Store, resume: bool, model, optimizer, scheduler,
-           main: bool) -> tuple[Head, Ledger]:  # fmt: skip
+def _start(
+    store: Store, resume: bool, model, optimizer, scheduler, main: bool
+) -> tuple[Head, Ledger]:
     latest = store.latest_version() or 0
     if not resume:  # checked by the main rank alone: it may already have announced itself
         if main and has_learner_state(store):

@@ -34,7 +34,9 @@ from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import ShardRef, Store
 
 
-def consumed_shards(refs: list[ShardRef], ledger: pa.Table, up_to_update: int | None) -> tuple[list[ShardRef], pa.Table]:
+def consumed_shards(
+    refs: list[ShardRef], ledger: pa.Table, up_to_update: int | None
+) -> tuple[list[ShardRef], pa.Table]:
     """The inbox shards every group of which has a ledger row of an update ≤ `up_to_update`
     (None: any), and those rows."""
     if up_to_update is not None:
@@ -42,9 +44,12 @@ def consumed_shards(refs: list[ShardRef], ledger: pa.Table, up_to_update: int | 
     counts = pc.value_counts(ledger[C.SHARD_ID]) if ledger.num_rows else None
     done: dict[str, int] = {}
     if counts is not None:
-        done = dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(),
-                        strict=True))  # fmt: skip
-    size = dict(zip(ledger[C.SHARD_ID].to_pylist(), ledger[C.SHARD_GROUPS].to_pylist(), strict=True))
+        done = dict(
+            zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True)
+        )
+    size = dict(
+        zip(ledger[C.SHARD_ID].to_pylist(), ledger[C.SHARD_GROUPS].to_pylist(), strict=True)
+    )
     chosen = [r for r in refs if r.shard_id in done and done[r.shard_id] >= size[r.shard_id]]
     ids = pa.array(sorted({r.shard_id for r in chosen}), pa.string())
     return chosen, ledger.filter(pc.is_in(ledger[C.SHARD_ID], value_set=ids))
@@ -86,8 +91,13 @@ class Compactor:
 
         def work() -> None:
             try:
-                self._result = compact(self.store, refs, rows, check=lambda: check_lease(self.store),
-                                       segment_bytes=int(self.settings.segment_mib * 2**20))  # fmt: skip
+                self._result = compact(
+                    self.store,
+                    refs,
+                    rows,
+                    check=lambda: check_lease(self.store),
+                    segment_bytes=int(self.settings.segment_mib * 2**20),
+                )
             except BaseException as exc:  # handed to the update loop, which raises it
                 self._error = exc
 
@@ -117,11 +127,15 @@ class Compactor:
 def describe(result: CompactionResult) -> str:
     if result.generation is None:
         return "compaction: nothing to move" + (
-            f" (removed {result.recovered} file(s) a killed compaction left)" if result.recovered else ""
+            f" (removed {result.recovered} file(s) a killed compaction left)"
+            if result.recovered
+            else ""
         )
-    parts = [f"compaction {result.generation}: {result.shards} shard(s), {result.groups} group(s), "
-             f"{result.rows} steps into {result.segments} segment(s) "
-             f"({result.bytes_written / 2**20:.1f} MiB) in {result.seconds:.1f} s"]  # fmt: skip
+    parts = [
+        f"compaction {result.generation}: {result.shards} shard(s), {result.groups} group(s), "
+        f"{result.rows} steps into {result.segments} segment(s) "
+        f"({result.bytes_written / 2**20:.1f} MiB) in {result.seconds:.1f} s"
+    ]
     if result.quarantined:
         parts.append(f"{len(result.quarantined)} shard(s) quarantined")
     if result.skipped:
@@ -147,8 +161,9 @@ def published_update(store: Store) -> int:
     return int(lineage.get("update", latest))
 
 
-def compact_store(url: str, run_id: str | None, everything: bool,
-                  settings: CompactionSettings, echo=print) -> CompactionResult:  # fmt: skip
+def compact_store(
+    url: str, run_id: str | None, everything: bool, settings: CompactionSettings, echo=print
+) -> CompactionResult:
     """What `gagpo compact` does: take the lease, choose the shards, compact them."""
     from gagpo.learner.lease import acquire, check_lease
 
@@ -167,11 +182,19 @@ def compact_store(url: str, run_id: str | None, everything: bool,
                 rows = rows.filter(pc.less_equal(rows[C.LEDGER_UPDATE], published_update(store)))
         else:
             refs, rows = consumed_shards(refs, ledger, published_update(store))
-        echo(f"compacting {len(refs)} shard(s) of {url}" + ("" if everything else
-             " (consumed by the learner; --all for every shard)"))  # fmt: skip
+        echo(
+            f"compacting {len(refs)} shard(s) of {url}"
+            + ("" if everything else " (consumed by the learner; --all for every shard)")
+        )
         bar = _progress(len(refs))
-        result = compact(store, refs, rows, check=lambda: check_lease(store), progress=bar,
-                         segment_bytes=int(settings.segment_mib * 2**20))  # fmt: skip
+        result = compact(
+            store,
+            refs,
+            rows,
+            check=lambda: check_lease(store),
+            progress=bar,
+            segment_bytes=int(settings.segment_mib * 2**20),
+        )
         if result.groups_archived and store.exists(tail_ledger_path(store)):
             _drop_from_tail(store, result.groups_archived)
         echo(describe(result))
@@ -185,7 +208,9 @@ def _drop_from_tail(store: Store, archived: set[str]) -> None:
     learner's settings for the actors' throttle, kept)."""
     tail = store.read_table(tail_ledger_path(store))
     keep = pc.invert(pc.is_in(tail[C.GROUP_ID], value_set=pa.array(sorted(archived), pa.string())))
-    store.write_parquet(tail.filter(keep), tail_ledger_path(store), dict(tail.schema.metadata or {}))
+    store.write_parquet(
+        tail.filter(keep), tail_ledger_path(store), dict(tail.schema.metadata or {})
+    )
 
 
 def _progress(total: int):
@@ -198,21 +223,40 @@ def _progress(total: int):
         if done % 100 and done != n:
             return
         rate = done / max(time.monotonic() - start, 1e-9)
-        print(f"\r  read {done}/{n} shards ({rate:.0f}/s)", end="\n" if done == n else "",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"\r  read {done}/{n} shards ({rate:.0f}/s)",
+            end="\n" if done == n else "",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return show
 
 
 @click.command("compact", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--store", "store_url", required=True, metavar="URL",
-              help="Store root (local path or fsspec URL).")  # fmt: skip
+@click.option(
+    "--store",
+    "store_url",
+    required=True,
+    metavar="URL",
+    help="Store root (local path or fsspec URL).",
+)
 @click.option("--run", "run_id", metavar="ID", help="Only the shards of this run.")
-@click.option("--all", "everything", is_flag=True,
-              help="Every shard, consumed or not (stores no follow-mode learner will read again).")  # fmt: skip
-@click.option("--segment-mib", type=click.FloatRange(min=0.001), default=None,
-              help=f"Target segment size in MiB (default {CompactionSettings().segment_mib:g}).")  # fmt: skip
-def compact_command(store_url: str, run_id: str | None, everything: bool, segment_mib: float | None) -> None:
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="Every shard, consumed or not (stores no follow-mode learner will read again).",
+)
+@click.option(
+    "--segment-mib",
+    type=click.FloatRange(min=0.001),
+    default=None,
+    help=f"Target segment size in MiB (default {CompactionSettings().segment_mib:g}).",
+)
+def compact_command(
+    store_url: str, run_id: str | None, everything: bool, segment_mib: float | None
+) -> None:
     """Move a store's consumed shards out of the inbox (shards/) into archive segments.
 
     Takes the store's lease, so it never runs beside a learner or another compactor. The

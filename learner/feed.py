@@ -99,7 +99,7 @@ class Ledger:
         self._archived: set[str] = set()  # group ids whose rows the archive holds
         self._per_shard: dict[str, int] = {}
         self._shard_size: dict[str, int] = {}
-        for row in (archived.to_pylist() if archived is not None else []):
+        for row in archived.to_pylist() if archived is not None else []:
             self._add(row)
             self._archived.add(row[C.GROUP_ID])
         for row in (table if table is not None else LEDGER_SCHEMA.empty_table()).to_pylist():
@@ -296,9 +296,13 @@ class Feed:
         ).select(BATCH_COLUMNS)
         # A group may span versions (loaded between turns): its staleness is its oldest step's.
         # Run and shard are the group's own: a segment holds groups of many shards.
-        groups = steps.group_by(C.GROUP_ID, maintain_order=True).agg(
-            pl.col(C.POLICY_VERSION).min(), pl.col(C.RUN_ID).first(), pl.col(C.SHARD_ID).first()
-        ).with_columns(pl.len().over(C.SHARD_ID).alias("n"))
+        groups = (
+            steps.group_by(C.GROUP_ID, maintain_order=True)
+            .agg(
+                pl.col(C.POLICY_VERSION).min(), pl.col(C.RUN_ID).first(), pl.col(C.SHARD_ID).first()
+            )
+            .with_columns(pl.len().over(C.SHARD_ID).alias("n"))
+        )
         self._claims.update(dict.fromkeys(groups[C.GROUP_ID].to_list(), ref.shard_id))
         source = ref.shard_id if is_segment(ref) else ""
         fresh = [

@@ -103,11 +103,17 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     def record(self, *, released: bool = False) -> bytes:
-        return json.dumps({
-            "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-            "acquired_at": self.acquired_at, "renewed_at": time.time(), "ttl_s": self.ttl_s,
-            "released": released,
-        }).encode()  # fmt: skip
+        return json.dumps(
+            {
+                "token": self.token,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "acquired_at": self.acquired_at,
+                "renewed_at": time.time(),
+                "ttl_s": self.ttl_s,
+                "released": released,
+            }
+        ).encode()
 
     @property
     def interval_s(self) -> float:

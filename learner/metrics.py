@@ -98,8 +98,15 @@ class MetricsLog:
             sinks = open_sinks(
                 cfg.log_to, log_dir, run_name=name, config=cfg.model_dump(mode="json")
             )
-        return cls(store, echo=echo, sinks=sinks, total=cfg.updates, start=start,
-                   not_computed=not_computed(cfg), clip_possible=clip_possible(cfg))  # fmt: skip
+        return cls(
+            store,
+            echo=echo,
+            sinks=sinks,
+            total=cfg.updates,
+            start=start,
+            not_computed=not_computed(cfg),
+            clip_possible=clip_possible(cfg),
+        )
 
     def _zarr(self):
         import zarr
@@ -227,8 +234,11 @@ def read_metrics(store: Store):
     """All metrics rows as a Polars DataFrame, ordered by update."""
     import polars as pl
 
-    paths = sorted(p for p in store.glob(layout.metrics(store.root, "*"))
-                   if layout.parse_metrics(p) is not None)  # not a killed write's temporary
+    paths = sorted(
+        p
+        for p in store.glob(layout.metrics(store.root, "*"))
+        if layout.parse_metrics(p) is not None
+    )  # not a killed write's temporary
     if not paths:
         return pl.DataFrame()
     return pl.concat([pl.from_arrow(store.read_table(p)) for p in paths]).sort("update")

@@ -64,8 +64,10 @@ def resolve_policy(
         if echo is not None and now - said >= WAIT_NOTE_S:  # a wait with no end says so
             said = now
             bound = f"{wait_s:g} s at most" if wait_s is not None else "no bound (--idle-timeout)"
-            echo(f"still waiting for the actors to publish {waiting}: {now - start:.0f} s so far, "
-                 f"{bound}; gagpo-actors --policy {spec} on this store publishes it")  # fmt: skip
+            echo(
+                f"still waiting for the actors to publish {waiting}: {now - start:.0f} s so far, "
+                f"{bound}; gagpo-actors --policy {spec} on this store publishes it"
+            )
         time.sleep(poll_s)
     return Path(store.fetch_policy(0, str(policy_cache_dir())))
 

@@ -149,8 +149,9 @@ def _structure(
         gid=gid,
     )
     ask = (rem == 0) & ~done.to_numpy() & next_state_key.is_not_null().to_numpy()
-    pools = group_states(grouping, gid, state_key, gid[ask], next_state_key.filter(pl.Series(ask)),
-                         group_id)  # fmt: skip
+    pools = group_states(
+        grouping, gid, state_key, gid[ask], next_state_key.filter(pl.Series(ask)), group_id
+    )
     pool = pools.pool
     next_pool = next_in_rollout(pool, pos, rem, NO_POOL)
     next_pool[ask] = pools.query_pool
@@ -289,8 +290,9 @@ def gigpo(frame: pl.LazyFrame, config: Any) -> pl.LazyFrame:
         spread = _kernel(std, {"std": pl.Float64}, returns=pl.col(C.RETURN), pool=pl.col(POOL))
         step_advantage = step_advantage / (spread.struct.field("std") + config.eps)
     if verl:
-        episode = _normalise(pl.col(EPISODE_RETURN), config.norm, config.eps, per_rollout=False,
-                             ddof=1)  # fmt: skip
+        episode = _normalise(
+            pl.col(EPISODE_RETURN), config.norm, config.eps, per_rollout=False, ddof=1
+        )
         if config.norm != "none":
             rows = pl.len() if config.norm == "batch" else pl.len().over(GID)
             alone = pl.col(EPISODE_RETURN) / (1.0 if config.norm == "mean" else 1.0 + config.eps)

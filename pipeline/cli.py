@@ -123,11 +123,15 @@ def advantages(omega, config_file, sets, quiet, workers, ray_address, **values) 
 
         with _shard_progress(quiet) as progress:
             summary = recompute_store(
-                store, run_id, config, progress=progress, workers=workers,
+                store,
+                run_id,
+                config,
+                progress=progress,
+                workers=workers,
                 backend="ray" if ray_address else None,
                 ray_address=None if ray_address == "local" else ray_address,
                 as_of_update=as_of_update,
-            )  # fmt: skip
+            )
         for path, reason in summary.quarantined:
             click.echo(f"quarantined {path}: {reason}", err=True)
         click.echo(
@@ -174,10 +178,16 @@ def _shard_progress(quiet: bool):
 
     console = Console(stderr=True)
     bar = Progress(
-        TextColumn("[bold]shards"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=True,
+        TextColumn("[bold]shards"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
         disable=quiet or not console.is_terminal,
-    )  # fmt: skip
+    )
     task = bar.add_task("shards", total=None)
 
     def progress(done: int, total: int) -> None:

@@ -22,8 +22,14 @@ METRICS = {
     "share_abs_gt_1": "share of steps with |advantage| > 1",
 }
 # Pool-size distribution: the share of steps whose pool (state_group_size) falls in each bin.
-POOL_SIZE_BINS = {"1": (1, 1), "2": (2, 2), "3-4": (3, 4), "5-8": (5, 8), "9-16": (9, 16),
-                  ">16": (17, None)}  # fmt: skip
+POOL_SIZE_BINS = {
+    "1": (1, 1),
+    "2": (2, 2),
+    "3-4": (3, 4),
+    "5-8": (5, 8),
+    "9-16": (9, 16),
+    ">16": (17, None),
+}
 
 
 def _pool_size_shares() -> list[pl.Expr]:

@@ -255,8 +255,9 @@ def _normalized(
         fast = _compiled("canonical").canonical_keys_fast
         canon, q_canon = fast(key), fast(query_key)
     else:
-        fn = _checked(function, load_function(function), key, key_gid, query_key, query_gid,
-                      group_name)  # fmt: skip
+        fn = _checked(
+            function, load_function(function), key, key_gid, query_key, query_gid, group_name
+        )
         canon, q_canon = _map_distinct(key, fn, query_key)
     merged, found = pool_ids(key_gid, canon, query_gid, q_canon)
     rep = _first_rows(merged)  # each (group, canonical key): its first exact pool
@@ -275,16 +276,26 @@ def _map_distinct(
     return out.head(keys.len()), out.tail(queries.len())
 
 
-def _checked(spec: str, fn: Callable, key: pl.Series, key_gid: np.ndarray, query_key: pl.Series,
-             query_gid: np.ndarray, group_name: Callable[[int], str]) -> Callable[[str], str]:  # fmt: skip
+def _checked(
+    spec: str,
+    fn: Callable,
+    key: pl.Series,
+    key_gid: np.ndarray,
+    query_key: pl.Series,
+    query_gid: np.ndarray,
+    group_name: Callable[[int], str],
+) -> Callable[[str], str]:
     """`fn` as user input: an exception it raises (sys.exit included) or a result that is
     not a string becomes one line naming the function, the error and the group and key it
     failed on."""
 
     def where(text: str) -> str:
         hits = np.flatnonzero((key == text).fill_null(False).to_numpy())
-        g = key_gid[hits[0]] if hits.size else query_gid[np.flatnonzero(
-            (query_key == text).fill_null(False).to_numpy())[0]]  # fmt: skip
+        g = (
+            key_gid[hits[0]]
+            if hits.size
+            else query_gid[np.flatnonzero((query_key == text).fill_null(False).to_numpy())[0]]
+        )
         shown = text if len(text) <= 60 else text[:57] + "..."
         return f"on group {group_name(int(g))!r} (state_key {shown!r})"
 

@@ -128,8 +128,9 @@ def sql_command(
 
     limits = Limits(timeout_s=timeout_s, memory_limit=memory_limit)
     if query is not None:
-        result = query_store(store_url, query, gamma=gamma, limits=limits,
-                             as_of_update=as_of_update)  # fmt: skip
+        result = query_store(
+            store_url, query, gamma=gamma, limits=limits, as_of_update=as_of_update
+        )
         _emit(result, fmt, out, max_rows)
         return
     con = open_store_db(store_url, gamma=gamma, limits=limits, as_of_update=as_of_update)
@@ -188,8 +189,13 @@ def report_command(
         _check_store_holds_data(parse_store_spec(spec)[1])
 
     console = Console(stderr=True)
-    columns = (TextColumn("[bold]report"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.description}"), TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("[bold]report"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+    )
     with Progress(
         *columns, console=console, transient=True, disable=not console.is_terminal
     ) as bar:
@@ -201,9 +207,13 @@ def report_command(
                 console.print(f"report: {done}")
 
         report = write_report(
-            list(store_urls), out, traj_ids=list(traj_ids), gamma=gamma, progress=progress,
+            list(store_urls),
+            out,
+            traj_ids=list(traj_ids),
+            gamma=gamma,
+            progress=progress,
             limits=Limits(timeout_s=timeout_s, memory_limit=memory_limit),
-        )  # fmt: skip
+        )
     click.echo(f"wrote {report.summary}")
     for path in report.figures:
         click.echo(f"wrote {path}")

@@ -215,8 +215,9 @@ def _link_kernel(sketch, fingerprint, bucket, empty, group_start, tau, label):  
 
 
 @_jit
-def _query_kernel(sketch, fingerprint, bucket, empty, label, q_sketch, q_bucket, q_lo, q_hi,
-                  tau, found):  # fmt: skip  # pragma: no cover (compiled)
+def _query_kernel(
+    sketch, fingerprint, bucket, empty, label, q_sketch, q_bucket, q_lo, q_hi, tau, found
+):  # pragma: no cover (compiled)
     """found[q]: the label of query q's best key among keys q_lo[q]..q_hi[q] (its group)
     that share one of its buckets: highest similarity >= τ, then the label that comes
     first; NO_POOL if none."""
@@ -328,9 +329,13 @@ def minhash_pools(
         idx = np.arange(lo, hi) if order is None else order[lo:hi]
         q_lo, q_hi = np.searchsorted(q_gids, [gids[lo], gids[hi - 1] + 1])
         label, q_found = _block(
-            (text[0], text[1][lo : hi + 1]), gids[lo:hi], tau, rows,
-            (q_text[0], q_text[1][q_lo : q_hi + 1]), q_gids[q_lo:q_hi],
-        )  # fmt: skip
+            (text[0], text[1][lo : hi + 1]),
+            gids[lo:hi],
+            tau,
+            rows,
+            (q_text[0], q_text[1][q_lo : q_hi + 1]),
+            q_gids[q_lo:q_hi],
+        )
         merged[idx] = idx[label]
         q_idx = q_order[q_lo:q_hi]
         found[q_idx] = np.where(q_found == NO_POOL, NO_POOL, idx[np.maximum(q_found, 0)])
@@ -364,6 +369,17 @@ def _block(
         q_bucket, _ = bucket_hashes(q_sketch, rows)
         q_lo = np.searchsorted(key_gid, query_gid, "left").astype(np.int64)
         q_hi = np.searchsorted(key_gid, query_gid, "right").astype(np.int64)
-        _query_kernel(sketch, fingerprint, bucket, empty, label, q_sketch, q_bucket,
-                      q_lo, q_hi, float(tau), found)  # fmt: skip
+        _query_kernel(
+            sketch,
+            fingerprint,
+            bucket,
+            empty,
+            label,
+            q_sketch,
+            q_bucket,
+            q_lo,
+            q_hi,
+            float(tau),
+            found,
+        )
     return label, found

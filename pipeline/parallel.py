@@ -92,9 +92,11 @@ def _executor(backend: str, workers: int, ray_address: str | None):
         from concurrent.futures import ProcessPoolExecutor
 
         pool = ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_worker, initargs=(threads,),
-        )  # fmt: skip
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(threads,),
+        )
         try:
             yield lambda fn, *a: pool.submit(fn, *a).result
         finally:
@@ -155,8 +157,7 @@ def ray_session(address: str | None, *, num_cpus: int, namespace: str | None = N
 def _session(ray, address: str | None, num_cpus: int, namespace: str | None, echo):
     options: dict[str, Any] = {"namespace": namespace, "log_to_driver": False}
     if address is None:
-        options |= {"num_cpus": num_cpus, "include_dashboard": False,
-                    "_temp_dir": _ray_temp_dir()}  # fmt: skip
+        options |= {"num_cpus": num_cpus, "include_dashboard": False, "_temp_dir": _ray_temp_dir()}
     try:
         with _bounded_join(address), _keep_sigterm():
             ray.init(address=address, **options)
@@ -203,8 +204,10 @@ def _keep_sigterm():
 
 PROBE_TIMEOUT_S = 5.0  # each step of the probe: resolving, connecting, the gRPC handshake
 JOIN_TIMEOUT_S = 90.0  # ray.init joining a cluster that passed the probe
-ADDRESS_HELP = ("accepted: --ray auto with a running cluster (ray start --head), --ray HOST:PORT "
-                "of its head (port 1-65535, 6379 by default), or --ray alone")  # fmt: skip
+ADDRESS_HELP = (
+    "accepted: --ray auto with a running cluster (ray start --head), --ray HOST:PORT "
+    "of its head (port 1-65535, 6379 by default), or --ray alone"
+)
 # An HTTP/2 client's connection preface and an empty SETTINGS frame. Ray's GCS (and the Ray
 # Client server of ray://) is a gRPC server: it answers with a SETTINGS frame at once.
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -225,8 +228,9 @@ def probe_address(address: str) -> None:
     try:
         infos = _resolve(host, port)
     except OSError as exc:
-        raise GagpoError(f"--ray {address!r}: host {host!r} does not resolve ({_reason(exc)}); "
-                         f"{ADDRESS_HELP}") from None  # fmt: skip
+        raise GagpoError(
+            f"--ray {address!r}: host {host!r} does not resolve ({_reason(exc)}); {ADDRESS_HELP}"
+        ) from None
     errors = []
     for family, kind, proto, _, where in infos:
         with socket.socket(family, kind, proto) as sock:
@@ -242,8 +246,10 @@ def probe_address(address: str) -> None:
                 f"--ray {address!r}: something listens at {host}:{port} but it is not a Ray "
                 f"cluster (no gRPC answer within {PROBE_TIMEOUT_S:g} s); {ADDRESS_HELP}"
             )
-    raise GagpoError(f"--ray {address!r}: no Ray cluster answers at {host}:{port} "
-                     f"({errors[0] if errors else 'no address'}); {ADDRESS_HELP}")  # fmt: skip
+    raise GagpoError(
+        f"--ray {address!r}: no Ray cluster answers at {host}:{port} "
+        f"({errors[0] if errors else 'no address'}); {ADDRESS_HELP}"
+    )
 
 
 def _auto_address() -> str:
@@ -253,8 +259,9 @@ def _auto_address() -> str:
     try:
         found = services.canonicalize_bootstrap_address("auto")
     except (ConnectionError, ValueError) as exc:
-        raise GagpoError(f"--ray 'auto': no running Ray cluster found ({_reason(exc)}); "
-                         f"{ADDRESS_HELP}") from None  # fmt: skip
+        raise GagpoError(
+            f"--ray 'auto': no running Ray cluster found ({_reason(exc)}); {ADDRESS_HELP}"
+        ) from None
     if not found:
         raise GagpoError(f"--ray 'auto': no running Ray cluster found; {ADDRESS_HELP}")
     return found
@@ -264,8 +271,9 @@ def _host_port(address: str, target: str) -> tuple[str, int]:
     host, sep, port = target.rpartition(":")
     host = host.strip("[]")  # [::1]:6379
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise GagpoError(f"--ray {address!r} is not HOST:PORT with a port in 1-65535; "
-                         f"{ADDRESS_HELP}")  # fmt: skip
+        raise GagpoError(
+            f"--ray {address!r} is not HOST:PORT with a port in 1-65535; {ADDRESS_HELP}"
+        )
     return host, int(port)
 
 
@@ -316,8 +324,10 @@ def _bounded_join(address: str | None):
     import threading
 
     def give_up() -> None:
-        sys.stderr.write(f"gagpo: error: --ray {address!r}: the Ray cluster did not accept "
-                         f"this driver within {JOIN_TIMEOUT_S:g} s; {ADDRESS_HELP}\n")  # fmt: skip
+        sys.stderr.write(
+            f"gagpo: error: --ray {address!r}: the Ray cluster did not accept "
+            f"this driver within {JOIN_TIMEOUT_S:g} s; {ADDRESS_HELP}\n"
+        )
         sys.stderr.flush()
         os._exit(2)
 

@@ -208,8 +208,9 @@ class ShardResult:
     missing: bool = False  # removed or quarantined by another process meanwhile
 
 
-def shard_task(ref, url: str, config, run_id: str | None = None,
-               groups: frozenset[str] | None = None) -> ShardResult:  # fmt: skip
+def shard_task(
+    ref, url: str, config, run_id: str | None = None, groups: frozenset[str] | None = None
+) -> ShardResult:
     """Read, validate and compute one shard or segment of the store at `url` (run in a
     worker): its rows of `run_id` and of `groups`, when given."""
     import pyarrow.compute as pc
@@ -234,7 +235,9 @@ def shard_task(ref, url: str, config, run_id: str | None = None,
     if run_id is not None:
         shard = shard.filter(pc.equal(shard[C.RUN_ID], run_id))
     if groups is not None:
-        shard = shard.filter(pc.is_in(shard[C.GROUP_ID], value_set=pa.array(sorted(groups), pa.string())))
+        shard = shard.filter(
+            pc.is_in(shard[C.GROUP_ID], value_set=pa.array(sorted(groups), pa.string()))
+        )
     if shard.num_rows == 0:
         return ShardResult(ref, all_groups)
     groups = all_groups
@@ -324,9 +327,21 @@ def recompute_store(
     for _ in range(20):  # a file a compaction removed meanwhile: resolve again, read the rest
         refs = [r for r in files.refs(store) if r.path not in done]
         total += len(refs)
-        missing = _recompute(store, refs, config, tag, summary, kept, owners, done, progress,
-                             total, dict(workers=workers, backend=backend, ray_address=ray_address),
-                             run_id, groups)  # fmt: skip
+        missing = _recompute(
+            store,
+            refs,
+            config,
+            tag,
+            summary,
+            kept,
+            owners,
+            done,
+            progress,
+            total,
+            dict(workers=workers, backend=backend, ray_address=ray_address),
+            run_id,
+            groups,
+        )
         if not missing:
             break
         files = step_files(store, run_id)
@@ -346,8 +361,9 @@ def recompute_store(
     return summary
 
 
-def _recompute(store, refs, config, tag, summary, kept, owners, done, progress, total,
-               parallel, run_id, groups) -> bool:  # fmt: skip
+def _recompute(
+    store, refs, config, tag, summary, kept, owners, done, progress, total, parallel, run_id, groups
+) -> bool:
     """Compute and commit the tables of `refs` (each file's diagnostics columns into
     `kept`, by id); returns whether any file had vanished."""
     from gagpo.pipeline.parallel import ordered_map

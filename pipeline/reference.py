@@ -138,8 +138,7 @@ def reference_advantages(rows: list[Row], config: Any) -> list[Row]:
             raw[k] = step_adv / (std + config.eps) if config.step_std else step_adv
         if verl:  # the episode return of every step row, normalised over step rows
             per_step = {k: episode[k[0]] for k in by_step}
-            episode_adv = _normalise(per_step, step_scope, config.norm, config.eps,
-                                     verl_agent=True)  # fmt: skip
+            episode_adv = _normalise(per_step, step_scope, config.norm, config.eps, verl_agent=True)
             adv = {k: episode_adv[k] + config.omega * raw[k] for k in by_step}
         else:
             episode_adv = _normalise(episode, rollout_scope, config.norm, config.eps)

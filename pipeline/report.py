@@ -148,10 +148,13 @@ def _build(runs: list[Run], out: Path, traj_ids: list[str], progress) -> Report:
         ("advantages.png", "has_advantages", plot_advantages),
         ("value_proxy.png", "has_advantages", plot_value_proxy),
         ("singleton_states.png", "has_steps", plot_singletons),
-        ("credit_heatmap.png", "has_advantages",
-         lambda rs, p: plot_credit_heatmap(rs, p, traj_ids)),
+        (
+            "credit_heatmap.png",
+            "has_advantages",
+            lambda rs, p: plot_credit_heatmap(rs, p, traj_ids),
+        ),
         ("learner.png", "has_learner", plot_learner),
-    ]  # fmt: skip
+    ]
     for name, needs, plot in plots:
         have = [r for r in runs if getattr(r, needs)]
         if have and plot(have, out / name):

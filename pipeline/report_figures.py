@@ -152,13 +152,28 @@ def plot_learning_curves(runs: list[Run], path: Path) -> bool:
         for i, (run, rows) in enumerate(zip(runs, heldout, strict=True)):
             if rows:
                 xs = [r["version"] for r in rows]
-                ax.plot(xs, [r["success_rate"] for r in rows], "o-",
-                        color=_colour(i), markersize=4, label=run.label)  # fmt: skip
+                ax.plot(
+                    xs,
+                    [r["success_rate"] for r in rows],
+                    "o-",
+                    color=_colour(i),
+                    markersize=4,
+                    label=run.label,
+                )
                 band = [wilson(r["success_rate"] * r["rollouts"], r["rollouts"]) for r in rows]
-                ax.fill_between(xs, [lo for lo, _ in band], [hi for _, hi in band],
-                                color=_colour(i), alpha=0.18, linewidth=0)  # fmt: skip
-        ax.set_title(f"held-out tasks ({heldout[0][0]['rollouts'] if heldout[0] else '…'} "
-                     "rollouts a version; band: 95 % interval)", fontsize=9)  # fmt: skip
+                ax.fill_between(
+                    xs,
+                    [lo for lo, _ in band],
+                    [hi for _, hi in band],
+                    color=_colour(i),
+                    alpha=0.18,
+                    linewidth=0,
+                )
+        ax.set_title(
+            f"held-out tasks ({heldout[0][0]['rollouts'] if heldout[0] else '…'} "
+            "rollouts a version; band: 95 % interval)",
+            fontsize=9,
+        )
         panels.append((ax, None, "success_rate", "policy version", "held-out success rate"))
     for i, run in enumerate(runs):
         by_steps = query_rows(run.con, _CURVE_BY_STEPS)
@@ -220,10 +235,13 @@ def plot_advantages(runs: list[Run], path: Path) -> bool:
     series = _estimator_series(runs)
     # Shared bins: the 0.5–99.5 % range over every estimator of every run.
     bounds = [
-        query_rows(run.con, "SELECT quantile_cont(advantage, 0.005) AS lo, "
-                       "quantile_cont(advantage, 0.995) AS hi FROM advantages")[0]
+        query_rows(
+            run.con,
+            "SELECT quantile_cont(advantage, 0.005) AS lo, "
+            "quantile_cont(advantage, 0.995) AS hi FROM advantages",
+        )[0]
         for run in runs
-    ]  # fmt: skip
+    ]
     lo = min(b["lo"] for b in bounds if b["lo"] is not None)
     hi = max(b["hi"] for b in bounds if b["hi"] is not None)
     if not hi > lo:
@@ -421,9 +439,10 @@ def plot_credit_heatmap(runs: list[Run], path: Path, traj_ids: list[str]) -> boo
     run = runs[0]
     if traj_ids:
         holders = [
-            r for r in runs
+            r
+            for r in runs
             if query_scalar(r.con, "SELECT count(*) FROM steps WHERE traj_id = ?", [traj_ids[0]])
-        ]  # fmt: skip
+        ]
         if not holders:
             raise GagpoError(
                 f"--traj {traj_ids[0]!r} is not in the store; accepted: a traj_id of steps"
@@ -494,13 +513,18 @@ def plot_credit_heatmap(runs: list[Run], path: Path, traj_ids: list[str]) -> boo
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(
-        len(grids), 1, figsize=(8.5, 1.3 + 0.28 * sum(heights) + 0.5 * len(grids)),
-        squeeze=False, gridspec_kw={"height_ratios": heights}, layout="constrained",
-    )  # fmt: skip
+        len(grids),
+        1,
+        figsize=(8.5, 1.3 + 0.28 * sum(heights) + 0.5 * len(grids)),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+        layout="constrained",
+    )
     image = None
     for ax, grid, rows_text, title in zip((a[0] for a in axes), grids, labels, titles, strict=True):
-        image = ax.imshow(grid, aspect="auto", cmap="RdBu", vmin=-scale, vmax=scale,
-                          interpolation="nearest")  # fmt: skip
+        image = ax.imshow(
+            grid, aspect="auto", cmap="RdBu", vmin=-scale, vmax=scale, interpolation="nearest"
+        )
         ax.set_yticks(range(len(rows_text)), rows_text, fontsize=7, family="monospace")
         ax.set_xticks(range(len(columns)), columns, fontsize=7)
         ax.xaxis.tick_top()
@@ -509,8 +533,9 @@ def plot_credit_heatmap(runs: list[Run], path: Path, traj_ids: list[str]) -> boo
             for (i, j), value in np.ndenumerate(grid):
                 if not np.isnan(value):
                     colour = "white" if abs(value) > 0.6 * scale else "black"
-                    ax.text(j, i, f"{value:.2g}", ha="center", va="center", fontsize=6.5,
-                            color=colour)  # fmt: skip
+                    ax.text(
+                        j, i, f"{value:.2g}", ha="center", va="center", fontsize=6.5, color=colour
+                    )
     fig.colorbar(image, ax=[a[0] for a in axes], shrink=0.8, pad=0.01, label="value (one scale)")
     fig.suptitle(
         f"Credit per turn ({run.label}) — row: turn: action | state (sK: K-th distinct "
@@ -556,11 +581,21 @@ def plot_learner(runs: list[Run], path: Path) -> bool:
                 if k:  # the max of a mean/max pair: dashed, no raw points
                     pts = [(r["update"], y) for r, y in zip(rows, ys, strict=True) if _finite(y)]
                     if pts:
-                        ax.plot(*zip(*pts, strict=True), "--", color=_colour(i), linewidth=1,
-                                label=tag if len(runs) > 1 or len(columns) > 1 else None)  # fmt: skip
+                        ax.plot(
+                            *zip(*pts, strict=True),
+                            "--",
+                            color=_colour(i),
+                            linewidth=1,
+                            label=tag if len(runs) > 1 or len(columns) > 1 else None,
+                        )
                     continue
-                drawn |= _curve(ax, [r["update"] for r in rows], ys, _colour(i),
-                                tag if len(runs) > 1 or len(columns) > 1 else None)  # fmt: skip
+                drawn |= _curve(
+                    ax,
+                    [r["update"] for r in rows],
+                    ys,
+                    _colour(i),
+                    tag if len(runs) > 1 or len(columns) > 1 else None,
+                )
         if not drawn:
             _empty(ax, "not computed at these settings")
             ax.set_xticks([])
@@ -589,8 +624,12 @@ def _behaviour_weight_histogram(ax, runs: list[Run], metrics: list[list[dict]]) 
         bins = query_rows(run.con, _HISTOGRAM_TOTALS, ["behavior_weight"])
         used = [b for b in bins if b["count"] and b["low"] is not None and b["high"] is not None]
         if used:
-            ax.stairs([b["count"] for b in bins], [bins[0]["low"]] + [b["high"] for b in bins],
-                      color=_colour(i), label=run.label if len(runs) > 1 else None)  # fmt: skip
+            ax.stairs(
+                [b["count"] for b in bins],
+                [bins[0]["low"]] + [b["high"] for b in bins],
+                color=_colour(i),
+                label=run.label if len(runs) > 1 else None,
+            )
             lows.append(used[0]["low"])
             highs.append(used[-1]["high"])
             drawn = True

@@ -43,8 +43,14 @@ def summary(runs: list[Run], figures: list[Path], notes: list[str]) -> str:
         for run in runs:
             totals = query_rows(run.con, _TOTALS)[0]
             last = query_rows(run.con, PER_VERSION)
-            rows.append({"run": run.label, "store": f"`{run.store.url}`", **totals,
-                         "last_version_success": last[-1]["success_rate"] if last else None})  # fmt: skip
+            rows.append(
+                {
+                    "run": run.label,
+                    "store": f"`{run.store.url}`",
+                    **totals,
+                    "last_version_success": last[-1]["success_rate"] if last else None,
+                }
+            )
         lines += _table(rows, list(rows[0]))
         lines.append("")
     for run in runs:
@@ -100,12 +106,19 @@ def grouping_rows(con, extra: tuple[str, ...] = ()) -> list[dict]:
         grouping = parse_grouping(text)
         if grouping.mode == "similar" and steps.height > SIMILAR_MAX_STEPS:
             continue
-        pools = group_states(grouping, gid, steps["state_key"], np.zeros(0, np.int64),
-                             pl.Series([], dtype=pl.String))  # fmt: skip
+        pools = group_states(
+            grouping, gid, steps["state_key"], np.zeros(0, np.int64), pl.Series([], dtype=pl.String)
+        )
         size = np.bincount(pools.pool)[pools.pool]
-        row = {"state_grouping": grouping.spec, "steps": steps.height,
-               "pools": int(pools.pool.max()) + 1, "singleton_share": float((size == 1).mean()),
-               "singleton_share_after_turn_0": float((size[later] == 1).mean()) if later.any() else None}  # fmt: skip
+        row = {
+            "state_grouping": grouping.spec,
+            "steps": steps.height,
+            "pools": int(pools.pool.max()) + 1,
+            "singleton_share": float((size == 1).mean()),
+            "singleton_share_after_turn_0": float((size[later] == 1).mean())
+            if later.any()
+            else None,
+        }
         for name, low, high in POOL_SIZE_BINS:
             row[name] = float(((size >= low) & (size <= high)).mean())
         rows.append(row)
@@ -151,12 +164,17 @@ def _run_summary(con) -> list[str]:
     )
     lines += _table(estimators, list(estimators[0])) if estimators else ["no advantages yet"]
 
-    lines += ["", "## State grouping", "",
-              "The store's steps pooled under each state grouping (pipeline/grouping.py; "
-              "`gagpo advantages --state-grouping MODE` recomputes under one): singleton "
-              "share = steps whose pool is that step alone (GiGPO's step term is 0 there, "
-              "GAGPO's value proxy is the step's own return); pool_a-b: share of steps in "
-              "pools of that size.", ""]  # fmt: skip
+    lines += [
+        "",
+        "## State grouping",
+        "",
+        "The store's steps pooled under each state grouping (pipeline/grouping.py; "
+        "`gagpo advantages --state-grouping MODE` recomputes under one): singleton "
+        "share = steps whose pool is that step alone (GiGPO's step term is 0 there, "
+        "GAGPO's value proxy is the step's own return); pool_a-b: share of steps in "
+        "pools of that size.",
+        "",
+    ]
     grouping = grouping_rows(con)
     lines += _table(grouping, list(grouping[0])) if grouping else ["no steps yet"]
 
@@ -177,16 +195,24 @@ def _run_summary(con) -> list[str]:
     heldout = query_rows(con, "SELECT * FROM heldout")
     if heldout:
         for row in heldout:  # the 95 % Wilson interval of each success rate
-            row["ci_low"], row["ci_high"] = wilson(row["success_rate"] * row["rollouts"],
-                                                   row["rollouts"])  # fmt: skip
+            row["ci_low"], row["ci_high"] = wilson(
+                row["success_rate"] * row["rollouts"], row["rollouts"]
+            )
         first, last = heldout[0], heldout[-1]
-        change = change_line(first["success_rate"], first["rollouts"], last["success_rate"],
-                             last["rollouts"])  # fmt: skip
-        lines += ["", "## Held-out evaluation", "",
-                  "Every version below played the same held-out tasks (`gagpo run`, [run] eval_groups); "
-                  "ci_low–ci_high: the 95 % Wilson interval of its success rate.",
-                  "", f"Held-out success v{first['policy_version']} → v{last['policy_version']}: "
-                  f"{first['success_rate']:.1%} → {last['success_rate']:.1%}, {change} "
-                  "(±: 95 % interval of the difference).",
-                  "", *_table(heldout, list(heldout[0]))]  # fmt: skip
+        change = change_line(
+            first["success_rate"], first["rollouts"], last["success_rate"], last["rollouts"]
+        )
+        lines += [
+            "",
+            "## Held-out evaluation",
+            "",
+            "Every version below played the same held-out tasks (`gagpo run`, [run] eval_groups); "
+            "ci_low–ci_high: the 95 % Wilson interval of its success rate.",
+            "",
+            f"Held-out success v{first['policy_version']} → v{last['policy_version']}: "
+            f"{first['success_rate']:.1%} → {last['success_rate']:.1%}, {change} "
+            "(±: 95 % interval of the difference).",
+            "",
+            *_table(heldout, list(heldout[0])),
+        ]
     return lines

@@ -78,8 +78,17 @@ _LOCKED_SETTINGS = {
 }
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def memory_bytes(text: str) -> int:
@@ -186,14 +195,17 @@ def open_store_db(
     return con
 
 
-def _create_views(con, sources: dict, segments: list[str] | None, as_of: dict[str, str],
-                  gamma: float) -> None:  # fmt: skip
+def _create_views(
+    con, sources: dict, segments: list[str] | None, as_of: dict[str, str], gamma: float
+) -> None:
     for name, source in sources.items():
         table = f"_gagpo_{name}_all" if name in as_of else f"_gagpo_{name}"
         if name == "steps" and segments:  # the archive by DuckDB, the inbox tail by Arrow
             con.register("_gagpo_inbox", source)
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_list(segments)}) "
-                        "UNION ALL BY NAME SELECT * FROM _gagpo_inbox")  # fmt: skip
+            con.execute(
+                f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_list(segments)}) "
+                "UNION ALL BY NAME SELECT * FROM _gagpo_inbox"
+            )
         else:
             con.register(table, source)
         if name in as_of:  # the store as it stood after that update: a filtering view
@@ -230,8 +242,12 @@ def _as_of_filters(store: Store, update: int | None) -> dict[str, str]:
     if update is None:
         return {}
     groups = "group_id IN (SELECT group_id FROM _gagpo_as_of_groups)"
-    return {"steps": groups, "advantages": groups, "learner_metrics": f'"update" <= {int(update)}',
-            "policy": f"version <= {int(update)}"}  # fmt: skip
+    return {
+        "steps": groups,
+        "advantages": groups,
+        "learner_metrics": f'"update" <= {int(update)}',
+        "policy": f"version <= {int(update)}",
+    }
 
 
 def close_store_db(con: duckdb.DuckDBPyConnection) -> None:
@@ -289,8 +305,12 @@ def time_limit(cons, timeout_s: float, memory_limit: str = "") -> Iterator[None]
             timer.cancel()
 
 
-def run_query(con: duckdb.DuckDBPyConnection, query: str, limits: Limits | None = None,
-              params: list | dict | None = None) -> pa.Table:  # fmt: skip
+def run_query(
+    con: duckdb.DuckDBPyConnection,
+    query: str,
+    limits: Limits | None = None,
+    params: list | dict | None = None,
+) -> pa.Table:
     """Run `query` (one or more statements) and return the last result as Arrow, within
     `limits` (time; the result's size against the memory limit).
 
@@ -345,8 +365,14 @@ def _refuse_file_statements(query: str) -> None:
             raise duckdb.PermissionException(f"{kind.name} statements are not accepted")
 
 
-def query_store(store: Store | str, query: str, *, gamma: float = DEFAULT_GAMMA,
-                limits: Limits | None = None, as_of_update: int | None = None) -> pa.Table:  # fmt: skip
+def query_store(
+    store: Store | str,
+    query: str,
+    *,
+    gamma: float = DEFAULT_GAMMA,
+    limits: Limits | None = None,
+    as_of_update: int | None = None,
+) -> pa.Table:
     """`query` on a fresh connection over `store`. A file a compaction removed while the
     query ran (its groups are in a segment now) makes the query run again on the store as
     it stands: a query never fails, nor counts twice, because a compaction committed."""

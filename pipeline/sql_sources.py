@@ -101,8 +101,11 @@ def readable(store: Store, paths: list[str], schema: pa.Schema | None, what: str
     for path in paths:
         try:
             found = store.retrying(f"reading {path}", lambda p=path: _footer_schema(store, p))
-            wrong = [f.name for f in schema or [] if f.name in found.names
-                     and not found.field(f.name).type.equals(f.type)]  # fmt: skip
+            wrong = [
+                f.name
+                for f in schema or []
+                if f.name in found.names and not found.field(f.name).type.equals(f.type)
+            ]
             if wrong:
                 raise ValueError(f"column {wrong[0]} has type {found.field(wrong[0]).type}")
         except (OSError, ValueError, pa.ArrowException) as exc:
@@ -113,8 +116,11 @@ def readable(store: Store, paths: list[str], schema: pa.Schema | None, what: str
         shown = "; ".join(skipped[:5]) + (
             f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
         )
-        print(f"gagpo sql: warning: {what}: skipped {len(skipped)} unreadable file(s): {shown}; "
-              "the views answer without them", file=sys.stderr)  # fmt: skip
+        print(
+            f"gagpo sql: warning: {what}: skipped {len(skipped)} unreadable file(s): {shown}; "
+            "the views answer without them",
+            file=sys.stderr,
+        )
     return kept
 
 

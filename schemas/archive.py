@@ -112,15 +112,19 @@ class Manifest:
             fmt = body.get("format")
             if fmt not in READABLE_FORMATS:
                 raise ValueError(f"format {fmt!r}")
-            segments = tuple(
-                Segment(**(s | {"runs": tuple(s["runs"])})) for s in body["segments"]
+            segments = tuple(Segment(**(s | {"runs": tuple(s["runs"])})) for s in body["segments"])
+            common = dict(
+                generation=int(body["generation"]),
+                segments=segments,
+                created_at=float(body["created_at"]),
+                cleared=cleared,
             )
-            common = dict(generation=int(body["generation"]), segments=segments,
-                          created_at=float(body["created_at"]), cleared=cleared)  # fmt: skip
             if fmt == 1:  # the moved ids inline
                 moved = frozenset(body["compacted"])
                 return cls(**common, moved_count=len(moved), inline_moved=moved)
-            return cls(**common, moved_file=body["moved_file"], moved_count=int(body["moved_count"]))
+            return cls(
+                **common, moved_file=body["moved_file"], moved_count=int(body["moved_count"])
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise GagpoError(
                 f"{where} is not a readable archive manifest ({exc}); accepted: a manifest "
@@ -297,8 +301,12 @@ def _generation(manifest: Manifest | None) -> int:
 T = TypeVar("T")
 
 
-def read_with_retry(store: Store, read: Callable[[StepFiles], T], run_id: str | None = None,
-                    attempts: int = RESOLVE_ATTEMPTS) -> T:  # fmt: skip
+def read_with_retry(
+    store: Store,
+    read: Callable[[StepFiles], T],
+    run_id: str | None = None,
+    attempts: int = RESOLVE_ATTEMPTS,
+) -> T:
     """`read(step_files(store))`, resolved again when a file it names vanished meanwhile
     (a compaction removed it after moving its groups): the groups are then elsewhere."""
     for attempt in range(attempts):
@@ -317,12 +325,19 @@ def is_missing_file(exc: BaseException) -> bool:
     if isinstance(exc, FileNotFoundError):
         return True
     text = str(exc)
-    return any(s in text for s in ("No such file", "not found", "NoSuchKey", "does not exist",
-                                   "FileNotFoundError"))  # fmt: skip
+    return any(
+        s in text
+        for s in ("No such file", "not found", "NoSuchKey", "does not exist", "FileNotFoundError")
+    )
 
 
-def read_steps_table(store: Store, columns: list[str] | None = None, *,
-                     run_id: str | None = None, groups: set[str] | None = None) -> pa.Table:  # fmt: skip
+def read_steps_table(
+    store: Store,
+    columns: list[str] | None = None,
+    *,
+    run_id: str | None = None,
+    groups: set[str] | None = None,
+) -> pa.Table:
     """Every step of the store (of `run_id`; of `groups` only, when given) as one table:
     segments, then the inbox tail, each group once. Shards that fail validation are not
     read here (the learner and `gagpo advantages --store` quarantine them): a reader
@@ -338,8 +353,13 @@ def read_steps_table(store: Store, columns: list[str] | None = None, *,
     return read_with_retry(store, read, run_id)
 
 
-def read_file(store: Store, path: str, columns: list[str] | None, run_id: str | None = None,
-              groups: set[str] | None = None) -> pa.Table | None:  # fmt: skip
+def read_file(
+    store: Store,
+    path: str,
+    columns: list[str] | None,
+    run_id: str | None = None,
+    groups: set[str] | None = None,
+) -> pa.Table | None:
     """One steps file (shard or segment), filtered to `run_id` and `groups`; None when it
     cannot be decoded. FileNotFoundError propagates (the caller resolves again)."""
     wanted = None if columns is None else list(dict.fromkeys([*columns, C.RUN_ID, C.GROUP_ID]))

@@ -28,19 +28,26 @@ def config_option(table: str):
     """`--config FILE`: the command's settings from a TOML file (its `table`, or the top
     level), under `--set` and the flags; the path arrives as `config_file`."""
     return click.option(
-        "--config", "config_file", type=click.Path(dir_okay=False),
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False),
         help=f"TOML file with these settings (its [{table}] table, or the top level); --set "
         "and the flags override it.",
-    )  # fmt: skip
+    )
 
 
 def ray_option(help: str):
     """`--ray [ADDRESS]`: 'auto' or HOST:PORT joins a running Ray cluster, `--ray` alone
     means a local instance ("local"); the value arrives as `ray_address` (None: no Ray)."""
     return click.option(
-        "--ray", "ray_address", is_flag=False, flag_value="local", default=None,
-        metavar="[ADDRESS]", help=help,
-    )  # fmt: skip
+        "--ray",
+        "ray_address",
+        is_flag=False,
+        flag_value="local",
+        default=None,
+        metavar="[ADDRESS]",
+        help=help,
+    )
 
 
 def run_cli(command: click.Command, prog_name: str) -> None:
@@ -87,6 +94,9 @@ def set_option(*examples: str, tables: tuple[str, ...] = (), over: str = "--conf
 
     metavar = "TABLE.KEY=VALUE" if tables else "KEY=VALUE"
     return click.option(
-        "--set", "sets", multiple=True, metavar=metavar,
+        "--set",
+        "sets",
+        multiple=True,
+        metavar=metavar,
         help=set_help(*examples, tables=tables, over=over),
-    )  # fmt: skip
+    )

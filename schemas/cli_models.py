@@ -300,8 +300,11 @@ class ModelOptions:
         self.extra_help = dict(extra_help or {})
         self.metavars = dict(metavars or {})
         self.skip = skip
-        unknown = [k for k in [*self.aliases.values(), *self.extra_help, *self.metavars, *whole]
-                   if k not in self.settings]  # fmt: skip
+        unknown = [
+            k
+            for k in [*self.aliases.values(), *self.extra_help, *self.metavars, *whole]
+            if k not in self.settings
+        ]
         flags = [s.flag for s in self.settings.values()] + list(self.aliases)
         if unknown or len(set(flags)) != len(flags):
             raise ValueError(f"unknown keys {unknown} or flags named twice in {sorted(flags)}")
@@ -350,9 +353,13 @@ class ModelOptions:
         return out
 
     def load(
-        self, config_file: str | None, sets: tuple[str, ...], values: dict[str, Any], *,
+        self,
+        config_file: str | None,
+        sets: tuple[str, ...],
+        values: dict[str, Any],
+        *,
         section: str,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """The command's config: its TOML table (`--config`), then `--set`, then the flags
         given, validated by the first root model."""
         from gagpo.schemas.config import load_config

@@ -145,19 +145,54 @@ ADVANTAGES_COLUMNS = tuple(ADVANTAGES_SCHEMA.names)
 LEARNER_METRICS_DIR = layout.METRICS
 LEARNER_HISTOGRAMS = layout.HISTOGRAMS
 _LEARNER_INT_METRICS = (
-    "update", "version", "ratio_bounded", "skipped_steps", "masked_actions", "actions",
-    "action_tokens", "tokens", "groups", "steps", "stale_groups", "stale_groups_total",
+    "update",
+    "version",
+    "ratio_bounded",
+    "skipped_steps",
+    "masked_actions",
+    "actions",
+    "action_tokens",
+    "tokens",
+    "groups",
+    "steps",
+    "stale_groups",
+    "stale_groups_total",
     "staleness_max",
-)  # fmt: skip
+)
 LEARNER_METRICS_COLUMNS = (
-    "update", "version", "time", "loss", "pg_loss", "kl_ref", "entropy", "approx_kl",
-    "clip_frac", "behavior_weight_mean", "behavior_weight_max", "ratio_bounded", "skipped_steps",
-    "masked_actions", "actions", "action_tokens", "tokens", "groups", "steps",
-    "stale_groups", "stale_groups_total", "staleness_mean", "staleness_max", "grad_norm",
-    "lr", "tokens_per_s", "update_s", "wait_s", "commit_to_use_s",
+    "update",
+    "version",
+    "time",
+    "loss",
+    "pg_loss",
+    "kl_ref",
+    "entropy",
+    "approx_kl",
+    "clip_frac",
+    "behavior_weight_mean",
+    "behavior_weight_max",
+    "ratio_bounded",
+    "skipped_steps",
+    "masked_actions",
+    "actions",
+    "action_tokens",
+    "tokens",
+    "groups",
+    "steps",
+    "stale_groups",
+    "stale_groups_total",
+    "staleness_mean",
+    "staleness_max",
+    "grad_norm",
+    "lr",
+    "tokens_per_s",
+    "update_s",
+    "wait_s",
+    "commit_to_use_s",
     # behaviour/learner mismatch on actions of the learner's own version; NULL when none
-    "mismatch_kl", "mismatch_max_abs",
-)  # fmt: skip
+    "mismatch_kl",
+    "mismatch_max_abs",
+)
 LEARNER_METRICS_SCHEMA = pa.schema(
     [
         pa.field(name, pa.int64() if name in _LEARNER_INT_METRICS else pa.float64())
@@ -167,9 +202,16 @@ LEARNER_METRICS_SCHEMA = pa.schema(
 
 # eval/heldout.parquet: one row per evaluated policy version, all on the same held-out tasks
 # (`gagpo run` with [run] eval_groups, workflows/evaluate.py).
-HELDOUT_SCHEMA = pa.schema([("policy_version", pa.int64()), ("rollouts", pa.int64()),
-                            ("success_rate", pa.float64()), ("valid_rate", pa.float64()),
-                            ("mean_return", pa.float64()), ("task_seed", pa.int64())])  # fmt: skip
+HELDOUT_SCHEMA = pa.schema(
+    [
+        ("policy_version", pa.int64()),
+        ("rollouts", pa.int64()),
+        ("success_rate", pa.float64()),
+        ("valid_rate", pa.float64()),
+        ("mean_return", pa.float64()),
+        ("task_seed", pa.int64()),
+    ]
+)
 
 
 def schema_major(version: str) -> int:

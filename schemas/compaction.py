@@ -128,15 +128,17 @@ def _stray_moved(store: Store, manifest: Manifest | None) -> list[str]:
     folder = manifest_folder(store)
     newest = manifest.generation if manifest else 0
     keep = {manifest.moved_file} if manifest else set()
-    return [moved_path(store, name) for generation, names in folder.moved.items()
-            for name in names
-            if name not in keep and (generation >= newest or generation not in folder.generations)]  # fmt: skip
+    return [
+        moved_path(store, name)
+        for generation, names in folder.moved.items()
+        for name in names
+        if name not in keep and (generation >= newest or generation not in folder.generations)
+    ]
 
 
 def _temporaries(store: Store, stray: list[str]) -> list[str]:
     folders = (layout.segments_dir, layout.ledger_parts_dir, layout.manifests_dir)
-    found = [p for folder in folders
-             for p in store.glob(layout.join(folder(store.root), ".tmp-*"))]  # fmt: skip
+    found = [p for folder in folders for p in store.glob(layout.join(folder(store.root), ".tmp-*"))]
     ends = tuple(f"-{i}.parquet" for i in stray)
     if ends:
         for tag in advantage_tags(store):
@@ -192,8 +194,9 @@ def compact(
             retired.append(open_segment)
             base.append(_segment_with_ledger(store, open_segment))
         opened[group_size] = None  # later chunks of this size start new segments
-        segment = _write_segment(store, chunk, base, ledger, group_size, tables,
-                                 row_group_rows, open_segment)  # fmt: skip
+        segment = _write_segment(
+            store, chunk, base, ledger, group_size, tables, row_group_rows, open_segment
+        )
         written.append(segment)
         result.bytes_written += segment.bytes
 
@@ -235,8 +238,10 @@ def compact(
     if ledger is not None and ledger.num_rows:
         result.groups_archived = archived & set(ledger[C.GROUP_ID].to_pylist())
     gone = [r.shard_id for r in moved] + [old.id for old in retired]
-    _remove(store, [store.advantages_path(tag, i) for tag, ids in tables.items() for i in gone
-                    if i in ids])  # fmt: skip
+    _remove(
+        store,
+        [store.advantages_path(tag, i) for tag, ids in tables.items() for i in gone if i in ids],
+    )
     _remove(store, [r.path for r in moved])
     _remove_empty_folders(store, {posixpath.dirname(r.path) for r in moved})
     store.commit_bytes(cleared_path(store, new.generation), b"")  # readers skip the moved list
@@ -253,8 +258,11 @@ def _prune_manifests(store: Store) -> None:
     without its own files)."""
     folder = manifest_folder(store)
     for generation in folder.generations[:-KEEP_MANIFESTS]:
-        _remove(store, [moved_path(store, n) for n in folder.moved.get(generation, [])]
-                + [cleared_path(store, generation)] * (generation in folder.cleared))  # fmt: skip
+        _remove(
+            store,
+            [moved_path(store, n) for n in folder.moved.get(generation, [])]
+            + [cleared_path(store, generation)] * (generation in folder.cleared),
+        )
         _remove(store, [manifest_path(store, generation)])
 
 
@@ -278,7 +286,9 @@ def _read_shards(store, shards, result, progress):
             validate_steps(table, metadata)
             check_group_owners(table, ref.shard_id, owners.get)
         except (ValidationError, pa.ArrowException, OSError, ValueError) as exc:
-            reason = str(exc) if isinstance(exc, ValidationError) else f"unreadable Parquet file ({exc})"
+            reason = (
+                str(exc) if isinstance(exc, ValidationError) else f"unreadable Parquet file ({exc})"
+            )
             store.quarantine(ref.path, reason)
             result.quarantined.append((ref.path, reason))
             continue
@@ -308,8 +318,9 @@ def _segment_with_ledger(store: Store, segment: Segment) -> tuple[pa.Table, pa.T
     return table, ledger
 
 
-def _write_segment(store, chunk, base, ledger, group_size, advantage_ids, row_group_rows,
-                   open_segment):
+def _write_segment(
+    store, chunk, base, ledger, group_size, advantage_ids, row_group_rows, open_segment
+):
     """Write one segment of `chunk`'s shards (plus the open segment in `base`), its ledger
     part and its advantage tables; return its manifest entry."""
     segment_id = new_id()
@@ -329,8 +340,9 @@ def _write_segment(store, chunk, base, ledger, group_size, advantage_ids, row_gr
         store.write_parquet(rows, ledger_part_path(store, segment_id), {})
     sources = [sid for sid, _, _ in chunk] + ([open_segment.id] if open_segment else [])
     for tag, present in advantage_ids.items():
-        _write_advantages(store, tag, [s for s in sources if s in present], segment_id,
-                          row_group_rows)  # fmt: skip
+        _write_advantages(
+            store, tag, [s for s in sources if s in present], segment_id, row_group_rows
+        )
     consumed = rows is not None and rows.num_rows == len(groups)
     updates = rows[C.LEDGER_UPDATE] if rows is not None and rows.num_rows else None
     return Segment(
@@ -347,7 +359,9 @@ def _write_segment(store, chunk, base, ledger, group_size, advantage_ids, row_gr
     )
 
 
-def _ledger_rows(ledger: pa.Table | None, groups: pa.Array, base: list[pa.Table]) -> pa.Table | None:
+def _ledger_rows(
+    ledger: pa.Table | None, groups: pa.Array, base: list[pa.Table]
+) -> pa.Table | None:
     """The ledger rows of `groups`: the open segment's part, then `ledger`'s new ones."""
     parts = [b.select(C.LEDGER_SCHEMA.names).cast(C.LEDGER_SCHEMA) for b in base]
     if ledger is not None and ledger.num_rows:
@@ -360,8 +374,9 @@ def _ledger_rows(ledger: pa.Table | None, groups: pa.Array, base: list[pa.Table]
     return rows if rows is not None and rows.num_rows else None
 
 
-def _write_advantages(store: Store, tag: str, sources: list[str], segment_id: str,
-                      row_group_rows: int) -> None:  # fmt: skip
+def _write_advantages(
+    store: Store, tag: str, sources: list[str], segment_id: str, row_group_rows: int
+) -> None:
     """One table of `tag` for the segment: the tables of its source shards (and of the
     segment it extends) that exist, in one file."""
     tables = []
@@ -373,10 +388,13 @@ def _write_advantages(store: Store, tag: str, sources: list[str], segment_id: st
     if not tables:
         return
     metadata = tables[0].schema.metadata or {}
-    table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables],
-                             promote_options="default")  # fmt: skip
+    table = pa.concat_tables(
+        [t.replace_schema_metadata(None) for t in tables], promote_options="default"
+    )
     table = _by_group(table).replace_schema_metadata(metadata)
-    store.commit_bytes(store.advantages_path(tag, segment_id), _parquet_bytes(table, row_group_rows))
+    store.commit_bytes(
+        store.advantages_path(tag, segment_id), _parquet_bytes(table, row_group_rows)
+    )
 
 
 def _parquet_bytes(table: pa.Table, row_group_rows: int) -> bytes:
@@ -393,8 +411,10 @@ def _ids(store: Store, path_of: Callable[[str, str], str]) -> set[str]:
 
 def _advantage_tables(store: Store) -> dict[str, set[str]]:
     """Per advantage tag, the ids (segment or shard) its committed tables are named by."""
-    return {tag: _stems(store.glob(layout.advantages(store.root, tag, "*")))
-            for tag in advantage_tags(store)}  # fmt: skip
+    return {
+        tag: _stems(store.glob(layout.advantages(store.root, tag, "*")))
+        for tag in advantage_tags(store)
+    }
 
 
 def _stems(paths: list[str]) -> set[str]:
@@ -406,8 +426,14 @@ def _stems(paths: list[str]) -> set[str]:
 def _remove_advantages(store: Store, ids: list[str]) -> int:
     """Remove the advantage tables named by `ids` under every tag; returns how many."""
     wanted = set(ids)
-    return _remove(store, [store.advantages_path(tag, i) for tag, present in
-                           _advantage_tables(store).items() for i in present & wanted])  # fmt: skip
+    return _remove(
+        store,
+        [
+            store.advantages_path(tag, i)
+            for tag, present in _advantage_tables(store).items()
+            for i in present & wanted
+        ],
+    )
 
 
 def _remove_empty_folders(store: Store, folders: set[str]) -> None:

@@ -54,11 +54,35 @@ REASON_SUFFIX = ".reason.json"
 
 # Every name above that is a folder or file of a store (tests/test_layout_owner.py: no
 # other module builds a path from one of these as a literal).
-NAMES = frozenset({
-    SHARDS, ARCHIVE, MANIFESTS, SEGMENTS, LEDGER_PARTS, ADVANTAGES, POLICY, LATEST, COMPLETE,
-    LINEAGE, LEARNER, LEDGER, CHECKPOINTS, STATE_RECORD, STATE_TRAINER, STATE_TRAINABLE,
-    METRICS, HISTOGRAMS, LEASE, TENSORBOARD, EVAL, HELDOUT, RAY, REPORT, QUARANTINE,
-})  # fmt: skip
+NAMES = frozenset(
+    {
+        SHARDS,
+        ARCHIVE,
+        MANIFESTS,
+        SEGMENTS,
+        LEDGER_PARTS,
+        ADVANTAGES,
+        POLICY,
+        LATEST,
+        COMPLETE,
+        LINEAGE,
+        LEARNER,
+        LEDGER,
+        CHECKPOINTS,
+        STATE_RECORD,
+        STATE_TRAINER,
+        STATE_TRAINABLE,
+        METRICS,
+        HISTOGRAMS,
+        LEASE,
+        TENSORBOARD,
+        EVAL,
+        HELDOUT,
+        RAY,
+        REPORT,
+        QUARANTINE,
+    }
+)
 
 
 def join(root: str, *parts: str) -> str:
@@ -331,7 +355,7 @@ LAYOUT: tuple[tuple[str, str], ...] = (
     (report_dir(_S) + "/", "gagpo run's report: summary.md and figures"),
     (quarantined(_S, join(_S, "<path>")), "a file that failed validation"),
     (reason(quarantined(_S, join(_S, "<path>"))), "… and why"),
-)  # fmt: skip
+)
 
 
 def listing() -> str:

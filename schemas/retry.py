@@ -31,25 +31,59 @@ RETRY_ENV = "GAGPO_STORE_RETRY_S"  # overrides the default bound for every comma
 FIRST_DELAY_S, MAX_DELAY_S = 0.5, 30.0
 
 _NETWORK_ERRNOS = {
-    errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT,
-    errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.EPIPE, errno.ESTALE,
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.ENETDOWN,
+    errno.EPIPE,
+    errno.ESTALE,
     errno.EAGAIN,
-}  # fmt: skip
+}
 # Exception classes of botocore, aiohttp, urllib3 and requests that mean "no answer".
 _TRANSIENT_NAMES = {
-    "ConnectionError", "EndpointConnectionError", "ConnectionClosedError",
-    "ConnectTimeoutError", "ReadTimeoutError", "HTTPClientError", "ProxyConnectionError",
-    "ClientConnectionError", "ClientConnectorError", "ServerDisconnectedError",
-    "ServerTimeoutError", "ClientPayloadError", "ClientOSError", "IncompleteRead",
-    "ResponseStreamingError", "FSTimeoutError", "ProtocolError", "NewConnectionError",
-}  # fmt: skip
+    "ConnectionError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "HTTPClientError",
+    "ProxyConnectionError",
+    "ClientConnectionError",
+    "ClientConnectorError",
+    "ServerDisconnectedError",
+    "ServerTimeoutError",
+    "ClientPayloadError",
+    "ClientOSError",
+    "IncompleteRead",
+    "ResponseStreamingError",
+    "FSTimeoutError",
+    "ProtocolError",
+    "NewConnectionError",
+}
 # Error codes of S3-style services that ask the client to come back later.
 _TRANSIENT_CODES = (
-    "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
-    "ThrottlingException", "RequestTimeTooSkewed", "503", "500", "502", "504",
-)  # fmt: skip
-_PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError,
-              NotADirectoryError)  # fmt: skip
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeTooSkewed",
+    "503",
+    "500",
+    "502",
+    "504",
+)
+_PERMANENT = (
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
 
 
 class StoreUnavailableError(GagpoError):
@@ -195,6 +229,11 @@ def retrying(
             delay = min(delay * random.uniform(0.5, 1.0), max(bound_s - waited, 0.0))
             log.warning(
                 "%s: %s failed (%s); retry %d in %.1f s (giving up %.0f s after the first failure)",
-                where, what, describe(exc), attempt, delay, bound_s,
-            )  # fmt: skip
+                where,
+                what,
+                describe(exc),
+                attempt,
+                delay,
+                bound_s,
+            )
             sleep(delay)

@@ -14,15 +14,20 @@ import json
 import random
 
 DIRECTIONS = ["up", "down", "left", "right"]
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "move",
-        "description": "Move one step in a direction.",
-        "parameters": {"type": "object", "required": ["direction"],
-                       "properties": {"direction": {"type": "string", "enum": DIRECTIONS}}},
-    },
-}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "move",
+            "description": "Move one step in a direction.",
+            "parameters": {
+                "type": "object",
+                "required": ["direction"],
+                "properties": {"direction": {"type": "string", "enum": DIRECTIONS}},
+            },
+        },
+    }
+]
 TURNS = 3
 
 
@@ -44,8 +49,13 @@ async def maze(client, task):
             for call in message.tool_calls:
                 direction = json.loads(call.function.arguments).get("direction")
                 found = found or direction == exit_
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": "exit" if direction == exit_ else "wall"})  # fmt: skip
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.id,
+                        "content": "exit" if direction == exit_ else "wall",
+                    }
+                )
         else:
             words = (message.content or "").split()
             found = exit_ in words[:1]
@@ -62,8 +72,10 @@ async def named_states(client, task):
         reply = await client.chat.completions.create(
             model=task.model, messages=messages, extra_body={"gagpo": {"state_key": f"turn={turn}"}}
         )
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                     {"role": "user", "content": "go on ."}]  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "go on ."},
+        ]
     return {"reward": 0.5, "won": False, "turn_rewards": [0.25, 0.0]}
 
 

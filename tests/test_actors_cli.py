@@ -50,27 +50,71 @@ def some_replies_are_invalid(steps: pl.DataFrame) -> None:
 PER_SHARD = 2  # --groups-per-shard: 3 groups make a shard of 2 and one of 1
 # env, groups, group size, its other options, what else its shards show
 SHARD_CASES = [
-    pytest.param("sokoban", 3, 4, ["--max-turns", "6", "--seed", "11"], [meets_states_again],
-                 id="sokoban"),
-    pytest.param("household", 3, 4, ["--max-turns", "6", "--seed", "11"], [meets_states_again],
-                 id="household"),
-    pytest.param("webshop", 2, 3, ["--max-turns", "4", "--seed", "5"],
-                 [starts_at_the_search_page], id="webshop"),
-    pytest.param("textworld", 2, 2, ["--max-turns", "3", "--seed", "3"], [],
-                 marks=[pytest.mark.slow, needs("textworld")], id="textworld"),
-    pytest.param("alfworld", 2, 2, ["--max-turns", "3", "--seed", "3"],
-                 [rewards_are_outcomes_or_the_penalty],
-                 marks=[pytest.mark.slow, needs("alfworld", "textworld", "fast_downward")],
-                 id="alfworld"),
-    pytest.param("textarena/TowerOfHanoi-v0", 2, 3, ["--max-turns", "4", "--seed", "3"],
-                 [some_replies_are_invalid], marks=[pytest.mark.slow, needs("textarena")],
-                 id="textarena"),
-    pytest.param("gem/game:GuessTheNumber-v0-easy", 2, 3, ["--max-turns", "4", "--seed", "3"],
-                 [some_replies_are_invalid], marks=[pytest.mark.slow, needs("gem")], id="gem"),
-    pytest.param("reasoning_gym/leg_counting", 2, 3,
-                 ["--max-turns", "4", "--seed", "3", "--set", "env_options.size=20"], [],
-                 marks=[pytest.mark.slow, needs("reasoning_gym")], id="reasoning_gym"),
-]  # fmt: skip
+    pytest.param(
+        "sokoban", 3, 4, ["--max-turns", "6", "--seed", "11"], [meets_states_again], id="sokoban"
+    ),
+    pytest.param(
+        "household",
+        3,
+        4,
+        ["--max-turns", "6", "--seed", "11"],
+        [meets_states_again],
+        id="household",
+    ),
+    pytest.param(
+        "webshop",
+        2,
+        3,
+        ["--max-turns", "4", "--seed", "5"],
+        [starts_at_the_search_page],
+        id="webshop",
+    ),
+    pytest.param(
+        "textworld",
+        2,
+        2,
+        ["--max-turns", "3", "--seed", "3"],
+        [],
+        marks=[pytest.mark.slow, needs("textworld")],
+        id="textworld",
+    ),
+    pytest.param(
+        "alfworld",
+        2,
+        2,
+        ["--max-turns", "3", "--seed", "3"],
+        [rewards_are_outcomes_or_the_penalty],
+        marks=[pytest.mark.slow, needs("alfworld", "textworld", "fast_downward")],
+        id="alfworld",
+    ),
+    pytest.param(
+        "textarena/TowerOfHanoi-v0",
+        2,
+        3,
+        ["--max-turns", "4", "--seed", "3"],
+        [some_replies_are_invalid],
+        marks=[pytest.mark.slow, needs("textarena")],
+        id="textarena",
+    ),
+    pytest.param(
+        "gem/game:GuessTheNumber-v0-easy",
+        2,
+        3,
+        ["--max-turns", "4", "--seed", "3"],
+        [some_replies_are_invalid],
+        marks=[pytest.mark.slow, needs("gem")],
+        id="gem",
+    ),
+    pytest.param(
+        "reasoning_gym/leg_counting",
+        2,
+        3,
+        ["--max-turns", "4", "--seed", "3", "--set", "env_options.size=20"],
+        [],
+        marks=[pytest.mark.slow, needs("reasoning_gym")],
+        id="reasoning_gym",
+    ),
+]
 
 
 @pytest.mark.parametrize("env_name, groups, G, options, checks", SHARD_CASES)

@@ -182,11 +182,28 @@ ACTORS = [sys.executable, "-m", "gagpo.actors.cli", "--quiet"]
 @needs("textarena")
 def test_expert_demonstrations_of_tower_of_hanoi_are_won_in_shards(store_dir: Path):
     result = subprocess.run(
-        [*ACTORS, "--store", str(store_dir), "--env", "textarena/TowerOfHanoi-v0",
-         "--policy", "tiny", "--expert", "--groups", "2", "--group-size", "2",
-         "--max-turns", "10", "--seed", "0"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            *ACTORS,
+            "--store",
+            str(store_dir),
+            "--env",
+            "textarena/TowerOfHanoi-v0",
+            "--policy",
+            "tiny",
+            "--expert",
+            "--groups",
+            "2",
+            "--group-size",
+            "2",
+            "--max-turns",
+            "10",
+            "--seed",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = pl.read_parquet(sorted(store_dir.glob("shards/run=*/*.parquet")))
     last = steps.filter(pl.col(C.DONE))

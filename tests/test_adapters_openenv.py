@@ -100,10 +100,17 @@ def test_a_server_held_in_another_process_is_not_taken(servers):
     server = servers()
     name = f"openenv+{server.url}"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from gagpo.actors.envs import make_env; "
-         f"env = make_env({name!r}, 5); print('held', flush=True); sys.stdin.read()"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gagpo.actors.envs import make_env; "
+            f"env = make_env({name!r}, 5); print('held', flush=True); sys.stdin.read()",
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(GagpoError, match="held by other rollout slots"):
@@ -153,11 +160,32 @@ def test_server_dying_mid_rollout_loses_that_group_alone(servers, store_dir: Pat
     watcher.start()
     url = f"openenv+http://127.0.0.1:{dying.port},127.0.0.1:{steady.port}"
     result = subprocess.run(
-        [sys.executable, "-m", "gagpo.actors.cli", "--quiet", "--store", str(store_dir),
-         "--env", url, "--policy", "tiny", "--groups", "3", "--group-size", "2",
-         "--max-turns", "4", "--seed", "0", "--env-executor", "inline"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gagpo.actors.cli",
+            "--quiet",
+            "--store",
+            str(store_dir),
+            "--env",
+            url,
+            "--policy",
+            "tiny",
+            "--groups",
+            "3",
+            "--group-size",
+            "2",
+            "--max-turns",
+            "4",
+            "--seed",
+            "0",
+            "--env-executor",
+            "inline",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     watcher.join(timeout=30)
     assert result.returncode == 0, result.stderr[-3000:]
     assert restarted, "the dying server never died"

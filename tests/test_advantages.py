@@ -228,8 +228,15 @@ def test_gigpo_variant_flag(tmp_path):
 
     frame = steps_frame(random_groups(11))
     frame.write_parquet(tmp_path / "steps.parquet")
-    args = ["--input", str(tmp_path / "steps.parquet"), "--out", str(tmp_path / "a.parquet"),
-            "--estimator", "gigpo", "--quiet"]  # fmt: skip
+    args = [
+        "--input",
+        str(tmp_path / "steps.parquet"),
+        "--out",
+        str(tmp_path / "a.parquet"),
+        "--estimator",
+        "gigpo",
+        "--quiet",
+    ]
     result = CliRunner().invoke(advantages, [*args, "--gigpo-variant", "verl_agent"])
     assert result.exit_code == 0, result.output
     assert "variant_verl_agent" in result.output
@@ -239,8 +246,10 @@ def test_gigpo_variant_flag(tmp_path):
     np.testing.assert_allclose(written[C.ADVANTAGE], expected[C.ADVANTAGE], atol=1e-6)
     paper = run(frame, parse_estimator_config({"estimator": "gigpo"}))
     assert np.abs(paper[C.ADVANTAGE].to_numpy() - written[C.ADVANTAGE].to_numpy()).max() > 0.01
-    for extra, message in ((["--gigpo-variant", "verl"], "'paper' or 'verl_agent'"),
-                           (["--estimator", "gagpo", "--gigpo-variant", "paper"], "no parameter")):  # fmt: skip
+    for extra, message in (
+        (["--gigpo-variant", "verl"], "'paper' or 'verl_agent'"),
+        (["--estimator", "gagpo", "--gigpo-variant", "paper"], "no parameter"),
+    ):
         result = CliRunner().invoke(advantages, [*args, *extra])
         assert result.exit_code != 0 and isinstance(result.exception, GagpoError), result.output
         assert message in str(result.exception)

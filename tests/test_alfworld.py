@@ -94,8 +94,13 @@ PROBLEM = f"(define (problem plan)\n(:domain alfred)\n(:init)\n{GOAL}\n)"
 
 
 def game_json(**changes: object) -> str:
-    data = {"pddl_domain": "(define (domain alfred))", "grammar": "{}",
-            "pddl_problem": PROBLEM, "solvable": True, **changes}  # fmt: skip
+    data = {
+        "pddl_domain": "(define (domain alfred))",
+        "grammar": "{}",
+        "pddl_problem": PROBLEM,
+        "solvable": True,
+        **changes,
+    }
     return json.dumps({k: v for k, v in data.items() if v is not None})
 
 
@@ -178,8 +183,12 @@ def test_data_dir_unsolvable_tasks_are_skipped_and_counted(
     # Beside playable ones, they are left out and counted, as are ALFWorld's other skips.
     playable = make_trial(tmp_path, trial="trial_T2")
     make_trial(tmp_path, "pick_and_place_with_movable_recep-Apple-Pan-Shelf-1")
-    make_trial(tmp_path, "pick_clean_then_place_in_recep-Apple-None-Sink-1", game="",
-               task_type="pick_clean_then_place_in_recep")  # fmt: skip
+    make_trial(
+        tmp_path,
+        "pick_clean_then_place_in_recep-Apple-None-Sink-1",
+        game="",
+        task_type="pick_clean_then_place_in_recep",
+    )
     found = scan(tmp_path, TASK_TYPES)
     assert found.games == [playable / "game.tw-pddl"]
     assert {k: len(v) for k, v in found.skipped.items()} == {
@@ -237,7 +246,9 @@ def test_expert_plan_solves_generated_tasks_of_every_type(task_type: str) -> Non
         plan = env.expert_plan()
         assert plan and plan[0] in first.admissible
         key = first.state_key
-        task = next(ln for ln in first.observation.splitlines() if ln.startswith("Your task is to:"))
+        task = next(
+            ln for ln in first.observation.splitlines() if ln.startswith("Your task is to:")
+        )
         for i, command in enumerate(plan):
             tr = env.step(command)
             assert tr.action_valid and tr.state_key == key
@@ -292,8 +303,12 @@ def test_plays_game_files_from_a_folder(tmp_path: Path) -> None:
     game = json.loads(source.game_path(2).read_text())
     del game["walkthrough"], game["task_type"]
     root = tmp_path / "json_2.1.1" / "train"
-    trial = make_trial(root, "pick_heat_then_place_in_recep-Cup-None-CounterTop-7",
-                       game=json.dumps(game), task_type="pick_heat_then_place_in_recep")  # fmt: skip
+    trial = make_trial(
+        root,
+        "pick_heat_then_place_in_recep-Cup-None-CounterTop-7",
+        game=json.dumps(game),
+        task_type="pick_heat_then_place_in_recep",
+    )
     skipped = root / "pick_and_place_with_movable_recep-Cup-Pan-Shelf-7" / "trial_T2019_2"
     shutil.copytree(trial, skipped)
     assert find_games(root, TASK_TYPES) == [trial / "game.tw-pddl"]
@@ -312,8 +327,12 @@ def test_plays_game_files_from_a_folder(tmp_path: Path) -> None:
 
     # A game no plan solves, not marked so: the engine's bare error becomes one naming it.
     goal = re.search(r"\(:goal.*", game["pddl_problem"], re.S)[0]
-    unsolvable = {**game, "pddl_problem": game["pddl_problem"].replace(
-        goal, "(:goal (and (isHot CounterTop_bar_1)))\n)")}  # fmt: skip
+    unsolvable = {
+        **game,
+        "pddl_problem": game["pddl_problem"].replace(
+            goal, "(:goal (and (isHot CounterTop_bar_1)))\n)"
+        ),
+    }
     (trial / "game.tw-pddl").write_text(json.dumps(unsolvable))
     with pytest.raises(GagpoError, match=rf"ALFWorld's engine cannot play {re.escape(str(trial))}"):
         ALFWorld(data_dir=trial).reset(0)

@@ -53,8 +53,15 @@ def test_a_fast_actor_never_makes_stale_groups_and_never_starves_the_learner(
     learner's cycle (batch formed → ledger → publication), through the real store, ledger
     and feed: every batch is full and nothing is dropped as stale."""
     store = Store(str(store_dir))
-    feed = Feed(store, Ledger(), ADV, batch_groups=b, max_staleness=s, poll_interval_s=0.01,
-                idle_timeout_s=0.05)  # fmt: skip
+    feed = Feed(
+        store,
+        Ledger(),
+        ADV,
+        batch_groups=b,
+        max_staleness=s,
+        poll_interval_s=0.01,
+        idle_timeout_s=0.05,
+    )
     throttle, shards = Throttle(store), iter(range(10**6))
     version = 0
     feed.announce(version)
@@ -124,8 +131,15 @@ def test_a_following_actor_commits_what_it_holds_and_waits(store_dir: Path):
 
     store = Store(str(store_dir))
     Feed(store, Ledger(), ADV, batch_groups=1, max_staleness=0).announce(0)
-    config = ActorConfig(store=store.url, env="household", policy="tiny", group_size=2,
-                         max_turns=2, follow=True, groups_per_shard=4)  # fmt: skip
+    config = ActorConfig(
+        store=store.url,
+        env="household",
+        policy="tiny",
+        group_size=2,
+        max_turns=2,
+        follow=True,
+        groups_per_shard=4,
+    )
     seen = []
 
     def learner_view() -> None:  # the shard shows up while the actor still runs
@@ -157,19 +171,61 @@ def test_fast_actor_and_slow_learner_waste_almost_nothing(tmp_path: Path):
     store_dir, updates, b, s = tmp_path / "store", 6, 2, 1
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     actor = subprocess.Popen(
-        [sys.executable, "-m", "gagpo.actors.cli", "--store", str(store_dir), "--env", "household",
-         "--policy", "tiny", "--follow", "--group-size", "4", "--max-turns", "3", "--quiet"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gagpo.actors.cli",
+            "--store",
+            str(store_dir),
+            "--env",
+            "household",
+            "--policy",
+            "tiny",
+            "--follow",
+            "--group-size",
+            "4",
+            "--max-turns",
+            "3",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         learner = subprocess.run(
-            [sys.executable, "-m", "gagpo.learner.cli", "--store", str(store_dir),
-             "--policy", str(resolve_model("tiny")), "--updates", str(updates),
-             "--batch-groups", str(b), "--max-staleness", str(s), "--lr", "1e-3",
-             "--micro-batch-tokens", "4096", "--poll-interval", "0.1", "--idle-timeout", "120",
-             "--quiet"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "gagpo.learner.cli",
+                "--store",
+                str(store_dir),
+                "--policy",
+                str(resolve_model("tiny")),
+                "--updates",
+                str(updates),
+                "--batch-groups",
+                str(b),
+                "--max-staleness",
+                str(s),
+                "--lr",
+                "1e-3",
+                "--micro-batch-tokens",
+                "4096",
+                "--poll-interval",
+                "0.1",
+                "--idle-timeout",
+                "120",
+                "--quiet",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         if learner.returncode == 0:
             time.sleep(2.0)  # the actor keeps running: it must stay throttled, not flood
     finally:

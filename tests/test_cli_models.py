@@ -27,13 +27,18 @@ COMMANDS = {
     "actors": (actors_cli.actors_command, actors_cli.OPTIONS, (ActorConfig,), "actors"),
     "learner": (learner_cli.learner_command, learner_cli.OPTIONS, (LearnerConfig,), "learner"),
     "advantages": (
-        pipeline_cli.advantages, pipeline_cli.OPTIONS, (AdvantagesCommand, EstimatorConfig),
+        pipeline_cli.advantages,
+        pipeline_cli.OPTIONS,
+        (AdvantagesCommand, EstimatorConfig),
         "advantages",
     ),
     "warmstart": (
-        warmstart_cli.warmstart_command, warmstart_cli.OPTIONS, (WarmstartConfig,), "warmstart",
+        warmstart_cli.warmstart_command,
+        warmstart_cli.OPTIONS,
+        (WarmstartConfig,),
+        "warmstart",
     ),
-}  # fmt: skip
+}
 
 # Every flag the hand-written options had (tests, docs and scripts use them).
 OLD_FLAGS = {
@@ -179,27 +184,51 @@ def test_toml_under_set_under_flags_and_absent_flags_change_nothing(tmp_path: Pa
 
     cfg = load("--config", str(config))
     assert (cfg.group_size, cfg.follow, cfg.sampling.top_p, cfg.sampling.temperature) == (
-        3, True, 0.5, 0.9,
-    )  # fmt: skip
-    cfg = load("--config", str(config), "--set", "group_size=5", "--set", "sampling.top_p=0.6",
-               "--temperature", "0.7")  # fmt: skip
+        3,
+        True,
+        0.5,
+        0.9,
+    )
+    cfg = load(
+        "--config",
+        str(config),
+        "--set",
+        "group_size=5",
+        "--set",
+        "sampling.top_p=0.6",
+        "--temperature",
+        "0.7",
+    )
     assert (cfg.group_size, cfg.sampling.top_p, cfg.sampling.temperature) == (5, 0.6, 0.7)
     assert cfg.follow and cfg.env_options == {"a": 1}  # not given on the command line: kept
-    cfg = load("--config", str(config), "--set", "group_size=5", "--group-size", "6",
-               "--sampling-top-p", "0.7", "--no-follow")  # fmt: skip
+    cfg = load(
+        "--config",
+        str(config),
+        "--set",
+        "group_size=5",
+        "--group-size",
+        "6",
+        "--sampling-top-p",
+        "0.7",
+        "--no-follow",
+    )
     assert (cfg.group_size, cfg.sampling.top_p, cfg.follow) == (6, 0.7, False)
 
 
 @pytest.mark.parametrize(
     ("name", "args", "message"),
     [
-        ("actors", ["--group-size", "abc"], "config field 'group_size': Input should be a valid integer"),
+        (
+            "actors",
+            ["--group-size", "abc"],
+            "config field 'group_size': Input should be a valid integer",
+        ),
         ("actors", ["--env-options", "abc"], "config field 'env_options': not a TOML inline table"),
         ("learner", ["--adam-betas", "0.9"], "config field 'adam_betas'"),
         ("learner", ["--log-to", "tensorboard,nope"], "config field 'log_to'"),
         ("advantages", ["--omega", "abc"], "--omega 'abc' is not a number"),
     ],
-)  # fmt: skip
+)
 def test_a_flag_that_is_not_of_its_type_is_one_line_naming_the_field(name, args, message):
     command = COMMANDS[name][0]
     result = CliRunner().invoke(command, ["--store", "s", *args])

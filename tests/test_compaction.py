@@ -60,24 +60,37 @@ def fill(store: Store, n: int, first: int = 0, group_size: int = 3) -> list[Shar
     """`n` shards over three runs, 1 or 2 groups each (shard ids s000, s001, …)."""
     refs = []
     for i in range(first, first + n):
-        table = make_steps(run_id=RUNS[i % len(RUNS)], shard_id=f"s{i:03d}", groups=1 + i % 2,
-                           group_size=group_size)  # fmt: skip
+        table = make_steps(
+            run_id=RUNS[i % len(RUNS)],
+            shard_id=f"s{i:03d}",
+            groups=1 + i % 2,
+            group_size=group_size,
+        )
         refs.append(store.write_shard(table, group_size=group_size))
     return refs
 
 
-def ledger_of(store: Store, refs: list[ShardRef], update: int | list[int],
-              status: str = "trained") -> pa.Table:  # fmt: skip
+def ledger_of(
+    store: Store, refs: list[ShardRef], update: int | list[int], status: str = "trained"
+) -> pa.Table:
     """Ledger rows for every group of `refs` (one update for all, or one per shard)."""
     updates = update if isinstance(update, list) else [update] * len(refs)
     rows = []
     for ref, u in zip(refs, updates, strict=True):
         groups = sorted(set(store.read_table(ref.path, [C.GROUP_ID])[C.GROUP_ID].to_pylist()))
         for g in groups:
-            rows.append({C.RUN_ID: ref.run_id, C.SHARD_ID: ref.shard_id, C.GROUP_ID: g,
-                         C.SHARD_GROUPS: len(groups), C.POLICY_VERSION: 0,
-                         C.LEDGER_UPDATE: u, C.LEDGER_LEARNER_VERSION: max(u - 1, 0),
-                         C.LEDGER_STATUS: status})  # fmt: skip
+            rows.append(
+                {
+                    C.RUN_ID: ref.run_id,
+                    C.SHARD_ID: ref.shard_id,
+                    C.GROUP_ID: g,
+                    C.SHARD_GROUPS: len(groups),
+                    C.POLICY_VERSION: 0,
+                    C.LEDGER_UPDATE: u,
+                    C.LEDGER_LEARNER_VERSION: max(u - 1, 0),
+                    C.LEDGER_STATUS: status,
+                }
+            )
     return pa.Table.from_pylist(rows, schema=C.LEDGER_SCHEMA)
 
 
@@ -158,8 +171,13 @@ def assert_tidy(store: Store, temporaries: bool = True) -> None:
 
 
 def gagpo(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*GAGPO, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [*GAGPO, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess, *words: str) -> None:
@@ -410,7 +428,9 @@ def test_ledger_rows_are_archived_and_counted_once(store_dir: Path):
     assert "s000-g0" in mine and mine.shard_done("s001")
     mine.commit(store)  # what the learner writes at its next update: the tail alone
     assert set(store.read_table(tail_ledger_path(store))[C.GROUP_ID].to_pylist()) == {
-        "s003-g0", "s003-g1"}  # fmt: skip
+        "s003-g0",
+        "s003-g1",
+    }
     assert canon(read_ledger(store), keys).equals(canon(ledger, keys))
     # a resume truncated before the archived rows' updates keeps them (archived = published)
     assert set(both.truncated(1).table()[C.GROUP_ID].to_pylist()) == result.groups_archived
@@ -450,8 +470,13 @@ def test_consumed_shards_picks_fully_consumed_shards_up_to_the_bound(store_dir: 
     whole = ledger_of(store, refs, [1, 1, 2, 3, 1, 3])
     # s003: one group trained at update 1, the other at 3; s004: no row at all
     ledger = whole.filter(pc.not_equal(whole[C.SHARD_ID], "s004"))
-    ledger = pa.Table.from_pylist([r | ({C.LEDGER_UPDATE: 1} if r[C.GROUP_ID] == "s003-g0" else {})
-                                   for r in ledger.to_pylist()], schema=C.LEDGER_SCHEMA)  # fmt: skip
+    ledger = pa.Table.from_pylist(
+        [
+            r | ({C.LEDGER_UPDATE: 1} if r[C.GROUP_ID] == "s003-g0" else {})
+            for r in ledger.to_pylist()
+        ],
+        schema=C.LEDGER_SCHEMA,
+    )
     # s005: only one of its two groups consumed
     ledger = ledger.filter(pc.not_equal(ledger[C.GROUP_ID], "s005-g1"))
 
@@ -523,10 +548,18 @@ def kill_at(tmp_path: Path, store: Store, phase: str, cli: bool) -> None:
     """Compact every inbox shard in a subprocess (`gagpo compact --all`, or compact()
     itself) held at `phase` (GAGPO_HOLD, schemas/faults.py), then SIGKILL it there."""
     pidfile = tmp_path / "held.pid"
-    command = [*GAGPO, "compact", "--store", store.url, "--all"] if cli else [
-        sys.executable, "-c", KILLED, store.url]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "GAGPO_HOLD": f"{phase}:{pidfile}"})  # fmt: skip
+    command = (
+        [*GAGPO, "compact", "--store", store.url, "--all"]
+        if cli
+        else [sys.executable, "-c", KILLED, store.url]
+    )
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "GAGPO_HOLD": f"{phase}:{pidfile}"},
+    )
     try:
         pid = _wait_for_pid(pidfile, proc)
         assert pid == proc.pid
@@ -780,8 +813,9 @@ def test_cli_refuses_while_a_live_learner_holds_the_lease(tmp_path: Path):
     fill(store, 2)
     env = {"GAGPO_LEASE_TTL_S": "1.5"}  # renewals every 0.25 s: refused within a beat
     flag = tmp_path / "held"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LEASE, store.url, str(flag)],
-                              env={**os.environ, **env})  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LEASE, store.url, str(flag)], env={**os.environ, **env}
+    )
     try:
         deadline = time.monotonic() + 60
         while not flag.exists():
@@ -842,8 +876,9 @@ def test_advantage_tables_follow_their_groups_into_segments(store_dir: Path):
     assert summary.shards == 6
     folder = (ADVANTAGES, config.tag)
     assert names(store, *folder) == {f"{r.shard_id}.parquet" for r in refs}
-    per_shard = {r.shard_id: store.read_table(store.advantages_path(config.tag, r.shard_id))
-                 for r in refs}  # fmt: skip
+    per_shard = {
+        r.shard_id: store.read_table(store.advantages_path(config.tag, r.shard_id)) for r in refs
+    }
     keys = SORT_KEYS
 
     # a tag with tables for only some shards: the segment's table holds just those
@@ -866,8 +901,13 @@ def test_advantage_tables_follow_their_groups_into_segments(store_dir: Path):
         assert t.equals(t.sort_by(keys))
         assert t.schema.metadata == per_shard["s000"].schema.metadata  # the estimator's record
     assert canon(pa.concat_tables(tables), keys).equals(canon(union, keys))
-    got = pa.concat_tables([store.read_table(store.advantages_path("partial", s.id))
-                            for s in segments if store.exists(store.advantages_path("partial", s.id))])  # fmt: skip
+    got = pa.concat_tables(
+        [
+            store.read_table(store.advantages_path("partial", s.id))
+            for s in segments
+            if store.exists(store.advantages_path("partial", s.id))
+        ]
+    )
     assert canon(got, keys).equals(canon(partial, keys))
 
     # a second compaction merges the open segment's table with the new shards' tables

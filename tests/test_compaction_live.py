@@ -39,10 +39,25 @@ def test_readers_never_fail_nor_double_count_while_the_learner_compacts(tmp_path
     store_dir = tmp_path / "store"
     env = dict(os.environ, HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path))
     run = subprocess.Popen(
-        [GAGPO, "run", "--store", str(store_dir), "--recipe", "tiny", "--no-warmstart",
-         "--set", f"learner.updates={UPDATES}", "--set", "learner.compaction.every_updates=1",
-         "--set", "run.eval_groups=0"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            GAGPO,
+            "run",
+            "--store",
+            str(store_dir),
+            "--recipe",
+            "tiny",
+            "--no-warmstart",
+            "--set",
+            f"learner.updates={UPDATES}",
+            "--set",
+            "learner.compaction.every_updates=1",
+            "--set",
+            "run.eval_groups=0",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     seen: list[tuple[int, int, int]] = []
     recomputes: list[int] = []
@@ -112,7 +127,9 @@ def test_readers_never_fail_nor_double_count_while_the_learner_compacts(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", ["compact-written", "compact-committed"])
-def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(tmp_path: Path, phase: str) -> None:
+def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(
+    tmp_path: Path, phase: str
+) -> None:
     """SIGKILL the learner while its background compaction is at `phase` (its second
     compaction), then --resume: one lineage, every group trained once, and the next
     compaction finishes what the killed one left (nothing unnamed left in the archive)."""
@@ -128,9 +145,14 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(tmp_path: Pat
     compaction = ["--set", "compaction.every_updates=1"]
     kill_at(store_dir, f"{phase}:2", tmp_path, *compaction)
     before = read_manifest(store)
-    done = subprocess.run(learner_cmd(*lineage_args(store_dir, "--resume"), *compaction), cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    done = subprocess.run(
+        learner_cmd(*lineage_args(store_dir, "--resume"), *compaction),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert_one_lineage(store)
     after = read_manifest(store)
@@ -141,7 +163,10 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(tmp_path: Pat
         assert ids <= named, f"{folder}: {ids - named} left by the killed compaction"
     steps = read_steps_table(store, [C.TRAJ_ID, C.STEP, C.GROUP_ID])
     assert len(set(steps[C.GROUP_ID].to_pylist())) == UPDATES * B
-    assert len(set(zip(steps[C.TRAJ_ID].to_pylist(), steps[C.STEP].to_pylist(), strict=True))) == steps.num_rows
+    assert (
+        len(set(zip(steps[C.TRAJ_ID].to_pylist(), steps[C.STEP].to_pylist(), strict=True)))
+        == steps.num_rows
+    )
 
 
 @pytest.mark.slow
@@ -158,10 +183,25 @@ def test_every_view_and_recompute_is_the_same_after_gagpo_compact(tmp_path: Path
     store_dir = tmp_path / "store"
     env = dict(os.environ, HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path))
     done = subprocess.run(
-        [GAGPO, "run", "--store", str(store_dir), "--recipe", "tiny", "--no-warmstart",
-         "--set", "learner.updates=4", "--set", "learner.compaction.every_updates=0",
-         "--set", "learner.compaction.min_mib=0"],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            GAGPO,
+            "run",
+            "--store",
+            str(store_dir),
+            "--recipe",
+            "tiny",
+            "--no-warmstart",
+            "--set",
+            "learner.updates=4",
+            "--set",
+            "learner.compaction.every_updates=0",
+            "--set",
+            "learner.compaction.min_mib=0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert read_manifest(Store(str(store_dir))) is None  # the learner did not compact

@@ -27,10 +27,28 @@ def sokoban_store(tmp_path_factory) -> str:
     """Real rollouts of the untrained tiny policy: 4 sokoban tasks × 4 rollouts, 3 turns
     (fixed run id and seed: the same store every time)."""
     store = tmp_path_factory.mktemp("credit") / "store"
-    actors = [sys.executable, "-m", "gagpo.actors.cli", "--store", str(store), "--env", "sokoban",
-              "--set", "env_options={sizes=[5,5],max_boxes=1}", "--groups", "4",
-              "--group-size", "4", "--max-turns", "3", "--run-id", "story", "--seed", "0",
-              "--quiet"]  # fmt: skip
+    actors = [
+        sys.executable,
+        "-m",
+        "gagpo.actors.cli",
+        "--store",
+        str(store),
+        "--env",
+        "sokoban",
+        "--set",
+        "env_options={sizes=[5,5],max_boxes=1}",
+        "--groups",
+        "4",
+        "--group-size",
+        "4",
+        "--max-turns",
+        "3",
+        "--run-id",
+        "story",
+        "--seed",
+        "0",
+        "--quiet",
+    ]
     subprocess.run(actors, check=True, capture_output=True, timeout=300)
     return str(store)
 
@@ -192,10 +210,22 @@ def test_change_is_points_with_the_interval_of_the_difference():
 def test_heldout_table_and_change_line():
     from gagpo.workflows.evaluate import change, table
 
-    rows = [{"policy_version": 0, "rollouts": 512, "success_rate": 0.4, "valid_rate": 0.9,
-             "mean_return": 1.0},
-            {"policy_version": 100, "rollouts": 512, "success_rate": 0.498, "valid_rate": 0.9,
-             "mean_return": 2.0}]  # fmt: skip
+    rows = [
+        {
+            "policy_version": 0,
+            "rollouts": 512,
+            "success_rate": 0.4,
+            "valid_rate": 0.9,
+            "mean_return": 1.0,
+        },
+        {
+            "policy_version": 100,
+            "rollouts": 512,
+            "success_rate": 0.498,
+            "valid_rate": 0.9,
+            "mean_return": 2.0,
+        },
+    ]
     printed = table(rows, 64, 8)
     low, high = wilson(0.4 * 512, 512)
     assert f"[{low:.1%}, {high:.1%}]" in printed.splitlines()[2]
@@ -262,7 +292,8 @@ def test_a_first_run_copies_the_shipped_warm_start_instead_of_building(tmp_path,
     assert "shipped with the package" in lines[0]
     shipped = ws.shipped_root() / "demo"
     assert (policy / "model.safetensors").read_bytes() == (
-        shipped / ws.POLICY_DIR / "model.safetensors").read_bytes()  # fmt: skip
+        shipped / ws.POLICY_DIR / "model.safetensors"
+    ).read_bytes()
     assert ws.warmstart(cfg, echo=lines.append) == policy and "cached at" in lines[-1]
 
 

@@ -186,7 +186,10 @@ def test_household_small_room_and_goal_kinds() -> None:
     ("options", "message"),
     [
         ({"room": "huge"}, "household room 'huge' not accepted; accepted: full, small"),
-        ({"goals": ["fly"]}, r"household goals \['fly'\] not accepted; accepted: one or more of pick_place"),
+        (
+            {"goals": ["fly"]},
+            r"household goals \['fly'\] not accepted; accepted: one or more of pick_place",
+        ),
         ({"goals": []}, "household goals"),
     ],
 )

@@ -48,8 +48,13 @@ def test_short_fault_injection_run(tmp_path):
 
 # --- case 4: user errors, one line and exit code 2 -------------------------------------
 def gagpo(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gagpo.workflows.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "gagpo.workflows.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def assert_one_line(done: subprocess.CompletedProcess, *words: str) -> None:
@@ -108,6 +113,15 @@ def test_advantages_into_an_immutable_store(tmp_path):
 
 def test_sql_on_a_file_and_into_a_missing_folder(tmp_path, store_dir):
     assert_one_line(gagpo("sql", "--store", "/etc/hostname", "select 1", cwd=tmp_path), "is a file")
-    done = gagpo("sql", "--store", str(store_dir), "--format", "csv", "--out",
-                 "/nonexistent/dir/x.csv", "select 1", cwd=tmp_path)  # fmt: skip
+    done = gagpo(
+        "sql",
+        "--store",
+        str(store_dir),
+        "--format",
+        "csv",
+        "--out",
+        "/nonexistent/dir/x.csv",
+        "select 1",
+        cwd=tmp_path,
+    )
     assert_one_line(done, "/nonexistent/dir", "does not exist")

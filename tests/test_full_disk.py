@@ -28,8 +28,9 @@ def small_disk(tmp_path):
     """A 3 MiB tmpfs, as in the issue's probe; skipped where it cannot be mounted."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
-                             capture_output=True)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
@@ -114,10 +115,27 @@ def test_actor_cli_on_a_full_disk_exits_2_with_one_line(small_disk):
     store = small_disk / "store"
     fill(small_disk, leave=8 << 10)
     result = subprocess.run(
-        [sys.executable, "-m", "gagpo.actors.cli", "--store", str(store), "--policy", "tiny",
-         "--env", "sokoban", "--groups", "2", "--group-size", "2", "--quiet"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gagpo.actors.cli",
+            "--store",
+            str(store),
+            "--policy",
+            "tiny",
+            "--env",
+            "sokoban",
+            "--groups",
+            "2",
+            "--group-size",
+            "2",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]

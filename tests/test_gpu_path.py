@@ -42,8 +42,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def micro_batches(table: pa.Table, version: int = 0):
-    return plan(table, version=version, pad_id=0, max_positions=128, budget=4096,
-                token_mean=False)  # fmt: skip
+    return plan(table, version=version, pad_id=0, max_positions=128, budget=4096, token_mean=False)
 
 
 # --- bf16 -----------------------------------------------------------------------------
@@ -58,13 +57,17 @@ def test_bf16_autocast_loss_is_close_to_fp32_on_the_same_batch():
     for precision in ("fp32", "bf16"):
         model.zero_grad()
         logp, _ = action_logprobs(model, mb, 1.0, autocast_dtype=autocast_dtype(precision))
-        loss, _ = gagpo_loss(logp, logp.detach(), mb.logp_behav, mb.action_mask, mb.advantages,
-                             LossSettings())  # fmt: skip
+        loss, _ = gagpo_loss(
+            logp, logp.detach(), mb.logp_behav, mb.action_mask, mb.advantages, LossSettings()
+        )
         loss.backward()
         losses[precision], logps[precision] = float(loss.detach()), logp.detach()
         # master weights and their gradients stay float32 under autocast
-        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32
-                   for p in model.parameters() if p.grad is not None)  # fmt: skip
+        assert all(
+            p.dtype == torch.float32 and p.grad.dtype == torch.float32
+            for p in model.parameters()
+            if p.grad is not None
+        )
     assert logps["bf16"].dtype == torch.float32  # the log-softmax is taken in float32
     assert not torch.equal(logps["bf16"], logps["fp32"])  # autocast did run in bf16
     mask = mb.action_mask
@@ -76,9 +79,17 @@ def test_bf16_autocast_loss_is_close_to_fp32_on_the_same_batch():
 def test_bf16_learner_trains_and_publishes_float32_weights(tmp_path: Path):
     store = Store(str(tmp_path / "store"))
     write_shards(store, 2)
-    cfg = LearnerConfig(store=store.url, policy=str(tiny_model_dir()), updates=2, batch_groups=2,
-                        lr=1e-2, idle_timeout_s=0.5, poll_interval_s=0.05, precision="bf16",
-                        device="cpu")  # fmt: skip
+    cfg = LearnerConfig(
+        store=store.url,
+        policy=str(tiny_model_dir()),
+        updates=2,
+        batch_groups=2,
+        lr=1e-2,
+        idle_timeout_s=0.5,
+        poll_interval_s=0.05,
+        precision="bf16",
+        device="cpu",
+    )
     assert train(cfg).updates == 2
     metrics = read_metrics(store)
     assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["skipped_steps"] == 0).all()
@@ -111,9 +122,17 @@ def test_mismatch_is_measured_on_same_version_actions_and_null_otherwise(tmp_pat
     exact = recomputed_behaviour(shard_table("m0", groups=2, version=0))
     store.write_shard(exact, group_size=GROUP_SIZE)  # update 1 (learner at v0): same version
     write_shards(store, 1, version=0, prefix="n")  # update 2 (learner at v1): one behind
-    cfg = LearnerConfig(store=store.url, policy=str(tiny_model_dir()), updates=2, batch_groups=2,
-                        lr=1e-2, idle_timeout_s=0.5, poll_interval_s=0.05, max_staleness=4,
-                        device="cpu")  # fmt: skip
+    cfg = LearnerConfig(
+        store=store.url,
+        policy=str(tiny_model_dir()),
+        updates=2,
+        batch_groups=2,
+        lr=1e-2,
+        idle_timeout_s=0.5,
+        poll_interval_s=0.05,
+        max_staleness=4,
+        device="cpu",
+    )
     assert train(cfg).updates == 2
     metrics = read_metrics(store).sort("update")
     kl, max_abs = metrics["mismatch_kl"].to_list(), metrics["mismatch_max_abs"].to_list()
@@ -154,10 +173,23 @@ def test_vllm_backend_module_imports_without_vllm():
 def test_backend_vllm_without_vllm_is_one_line(tmp_path: Path):
     code = "import sys; sys.modules['vllm'] = None\nfrom gagpo.actors.cli import main; main()\n"
     proc = subprocess.run(
-        [sys.executable, "-c", code, "--store", str(tmp_path / "s"), "--backend", "vllm",
-         "--groups", "1", "--quiet"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--store",
+            str(tmp_path / "s"),
+            "--backend",
+            "vllm",
+            "--groups",
+            "1",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
@@ -199,8 +231,10 @@ class FakeVllm:
                 outs = []
                 for p in params:  # a reply of 3 tokens drawn from the request's seed
                     ids = [5 + (p.seed + k) % 7 for k in range(3)]
-                    entries = [{t: types.SimpleNamespace(logprob=-0.5 * (k + 1))}
-                               for k, t in enumerate(ids)]  # fmt: skip
+                    entries = [
+                        {t: types.SimpleNamespace(logprob=-0.5 * (k + 1))}
+                        for k, t in enumerate(ids)
+                    ]
                     completion = types.SimpleNamespace(token_ids=ids, logprobs=entries)
                     outs.append(types.SimpleNamespace(outputs=[completion]))
                 return outs
@@ -221,8 +255,12 @@ class FakeVllm:
         request.LoRARequest = LoRARequest
         platforms = types.ModuleType("vllm.platforms")  # a GPU platform
         platforms.current_platform = types.SimpleNamespace(is_cpu=lambda: False)
-        self.modules = {"vllm": self.module, "vllm.lora": lora, "vllm.lora.request": request,
-                        "vllm.platforms": platforms}  # fmt: skip
+        self.modules = {
+            "vllm": self.module,
+            "vllm.lora": lora,
+            "vllm.lora.request": request,
+            "vllm.platforms": platforms,
+        }
 
 
 def test_vllm_backend_asks_for_tempered_logprobs_seeds_a_group_and_reloads(monkeypatch, tmp_path):
@@ -234,8 +272,13 @@ def test_vllm_backend_asks_for_tempered_logprobs_seeds_a_group_and_reloads(monke
     for name, module in fake.modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=8)
-    policy = load_policy("tiny", backend="vllm", sampling=sampling, stop=("\n", "."),
-                         vllm=VllmSettings(enable_lora=True))  # fmt: skip
+    policy = load_policy(
+        "tiny",
+        backend="vllm",
+        sampling=sampling,
+        stop=("\n", "."),
+        vllm=VllmSettings(enable_lora=True),
+    )
     o = fake.options
     assert o["logprobs_mode"] == "processed_logprobs" and o["enable_prefix_caching"]
     assert o["generation_config"] == "vllm" and o["enable_lora"]
@@ -305,11 +348,24 @@ def test_gpu_recipe_is_the_papers_setup_and_refuses_an_absent_model_in_one_line(
     assert learner.precision == "bf16" and learner.estimator.estimator == "gagpo"
     assert actors.sampling.temperature == learner.temperature and actors.sampling.top_p == 1.0
     proc = subprocess.run(
-        [sys.executable, "-m", "gagpo.actors.cli", "--config", str(RECIPE), "--store",
-         str(tmp_path / "s"), "--env", "household", "--quiet"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "gagpo.actors.cli",
+            "--config",
+            str(RECIPE),
+            "--store",
+            str(tmp_path / "s"),
+            "--env",
+            "household",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
         env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "empty-cache")},
-    )  # fmt: skip
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert "hf download Qwen/Qwen2.5-1.5B-Instruct" in line and "empty-cache" in line
@@ -323,9 +379,17 @@ def test_gpu_recipe_is_the_papers_setup_and_refuses_an_absent_model_in_one_line(
 def test_cuda_bf16_learner_trains(tmp_path: Path):
     store = Store(str(tmp_path / "store"))
     write_shards(store, 2)
-    cfg = LearnerConfig(store=store.url, policy=str(tiny_model_dir()), updates=2, batch_groups=2,
-                        lr=1e-2, idle_timeout_s=0.5, poll_interval_s=0.05, precision="bf16",
-                        device="cuda")  # fmt: skip
+    cfg = LearnerConfig(
+        store=store.url,
+        policy=str(tiny_model_dir()),
+        updates=2,
+        batch_groups=2,
+        lr=1e-2,
+        idle_timeout_s=0.5,
+        poll_interval_s=0.05,
+        precision="bf16",
+        device="cuda",
+    )
     assert train(cfg).updates == 2
     assert np.isfinite(read_metrics(store)["loss"].to_numpy()).all()
 

@@ -505,10 +505,16 @@ def test_report_shows_singleton_share_and_pool_sizes_per_mode():
         {
             "group_id": ["g"] * 4 + ["h"] * 2,
             "step": [0, 1, 0, 1, 0, 1],
-            "state_key": ["Turn 0 hall", "Turn 1 attic", "Turn 0 hall", "Turn 2 attic",
-                          "Turn 0 hall", "Turn 1 attic"],
+            "state_key": [
+                "Turn 0 hall",
+                "Turn 1 attic",
+                "Turn 0 hall",
+                "Turn 2 attic",
+                "Turn 0 hall",
+                "Turn 1 attic",
+            ],
         }
-    )  # fmt: skip
+    )
     con = duckdb.connect()
     con.register("steps_df", steps.to_arrow())
     con.execute("CREATE TABLE steps AS SELECT * FROM steps_df")
@@ -533,8 +539,10 @@ def test_fast_canonical_keys_equal_the_regex_rule():
     rng = random.Random(3)
     alphabet = "aB9 \t\n\x0b\x0c\r\x1c07Zz#é١\u00a0\u2003x"
     for _ in range(200):
-        keys = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
-                for _ in range(rng.randrange(30))]  # fmt: skip
+        keys = [
+            "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+            for _ in range(rng.randrange(30))
+        ]
         series = pl.Series([None if rng.random() < 0.1 else k for k in keys], dtype=pl.String)
         if series.len() > 2:
             series = series.slice(1, series.len() - 2)
@@ -705,9 +713,12 @@ def test_minhash_equals_its_definition_in_plain_python(tau, most, monkeypatch):
     for block in (4096, 5):
         monkeypatch.setattr(minhash, "_BLOCK_KEYS", block)
         pools = group_states(
-            parse_grouping(f"minhash:{tau}"), np.array(gid), pl.Series(keys),
-            np.array(q_gid), pl.Series(queries),
-        )  # fmt: skip
+            parse_grouping(f"minhash:{tau}"),
+            np.array(gid),
+            pl.Series(keys),
+            np.array(q_gid),
+            pl.Series(queries),
+        )
         names = pools.label().to_list()
         assert [names[p] for p in pools.pool] == [keys[k] for k in label]
         assert [None if p < 0 else names[p] for p in pools.query_pool] == [
@@ -722,9 +733,12 @@ def test_minhash_without_numba_says_what_to_install(monkeypatch):
     monkeypatch.delitem(sys.modules, "gagpo.pipeline.minhash", raising=False)
     with pytest.raises(GagpoError, match=r"minhash need numba.*pip install"):
         group_states(
-            parse_grouping("minhash:0.8"), np.array([0, 0]), pl.Series(["a b", "a c"]),
-            np.array([], np.int64), pl.Series([], dtype=pl.String),
-        )  # fmt: skip
+            parse_grouping("minhash:0.8"),
+            np.array([0, 0]),
+            pl.Series(["a b", "a c"]),
+            np.array([], np.int64),
+            pl.Series([], dtype=pl.String),
+        )
 
 
 def test_minhash_orders_keys_the_same_whether_or_not_groups_come_sorted():

@@ -308,8 +308,9 @@ def test_a_state_key_function_may_take_the_environment():
 
 
 def test_one_adapter_reset_per_rollout_restores_each_seed():
-    env = GymAdapter(_keyroom_class()(doors=9), name="k", max_turns=5,
-                     state_key=f"{__name__}:hidden_key")  # fmt: skip
+    env = GymAdapter(
+        _keyroom_class()(doors=9), name="k", max_turns=5, state_key=f"{__name__}:hidden_key"
+    )
     a = env.reset(1)
     plan_a = env.expert_plan()
     env.step("take key")
@@ -449,8 +450,14 @@ def test_textworld_express_through_the_adapter():
         raw.load(gameName="twc", gameParams="numLocations=1,includeDoors=0,numItemsToPutAway=1")
         raw.reset(seed=0, gameFold="train", generateGoldPath=True)
         plan = raw.getGoldActionSequence()
-        env = GymAdapter(raw, name="twx", max_turns=20, state_key="observation",
-                         admissible_key="validActions", won_key="tasksuccess")  # fmt: skip
+        env = GymAdapter(
+            raw,
+            name="twx",
+            max_turns=20,
+            state_key="observation",
+            admissible_key="validActions",
+            won_key="tasksuccess",
+        )
         first = env.reset(0)
         assert first.admissible and plan[0] in first.admissible
         odd = env.step("dance")

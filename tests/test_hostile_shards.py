@@ -207,9 +207,13 @@ def test_learner_trains_past_hostile_shards(store_dir: Path):
     commit_raw(store, shard_table("h3").slice(0, 0), META)
     commit_raw(store, renamed(shard_table("s000"), "s000b"), META)
     cfg = LearnerConfig(
-        store=str(store_dir), policy=str(tiny_model_dir()), batch_groups=2, updates=2,
-        idle_timeout_s=0.5, poll_interval_s=0.05,
-    )  # fmt: skip
+        store=str(store_dir),
+        policy=str(tiny_model_dir()),
+        batch_groups=2,
+        updates=2,
+        idle_timeout_s=0.5,
+        poll_interval_s=0.05,
+    )
     summary = train(cfg)
     assert summary.updates == 2 and summary.rejected_shards == 4
     reasons = sorted(r["reason"].split(";")[0] for r in store.quarantined())

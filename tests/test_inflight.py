@@ -36,17 +36,26 @@ G = 4
 
 
 def actor_config(store: Path, **overrides) -> ActorConfig:
-    base = dict(store=str(store), env="sokoban", policy="tiny", groups=6, group_size=G,
-                max_turns=4, seed=11, history_window=1, run_id="r",
-                sampling={"max_new_tokens": 3})  # fmt: skip
+    base = dict(
+        store=str(store),
+        env="sokoban",
+        policy="tiny",
+        groups=6,
+        group_size=G,
+        max_turns=4,
+        seed=11,
+        history_window=1,
+        run_id="r",
+        sampling={"max_new_tokens": 3},
+    )
     return ActorConfig(**(base | overrides))
 
 
 def by_task(steps: pl.DataFrame) -> pl.DataFrame:
     """Rollouts per task and what their steps hold, keyed by task and rollout index j."""
-    return steps.with_columns(
-        pl.col(C.TRAJ_ID).str.split("-").list.last().alias("j")
-    ).select(C.TASK_ID, "j", C.STEP, C.ACTION_TEXT, C.BEHAVIOR_LOGPROBS, C.POLICY_VERSION)
+    return steps.with_columns(pl.col(C.TRAJ_ID).str.split("-").list.last().alias("j")).select(
+        C.TASK_ID, "j", C.STEP, C.ACTION_TEXT, C.BEHAVIOR_LOGPROBS, C.POLICY_VERSION
+    )
 
 
 def test_k_groups_in_flight_play_the_tasks_of_one_at_a_time(tmp_path: Path):
@@ -55,13 +64,16 @@ def test_k_groups_in_flight_play_the_tasks_of_one_at_a_time(tmp_path: Path):
     assert (one.groups, four.groups) == (6, 6) and four.groups_in_flight == 4
     a, b = steps_of(tmp_path / "k1"), steps_of(tmp_path / "k4")
     for steps in (a, b):
-        per_group = steps.group_by(C.GROUP_ID).agg(pl.col(C.TRAJ_ID).n_unique().alias("n"),
-                                                   pl.col(C.TASK_ID).n_unique().alias("tasks"))  # fmt: skip
+        per_group = steps.group_by(C.GROUP_ID).agg(
+            pl.col(C.TRAJ_ID).n_unique().alias("n"), pl.col(C.TASK_ID).n_unique().alias("tasks")
+        )
         assert per_group["n"].to_list() == [G] * 6 and set(per_group["tasks"]) == {1}
     # The same tasks (task seed = seed + k), each once.
-    assert sorted(set(a[C.TASK_ID])) == sorted(set(b[C.TASK_ID])) == [
-        f"sokoban-{11 + k}" for k in range(6)
-    ]
+    assert (
+        sorted(set(a[C.TASK_ID]))
+        == sorted(set(b[C.TASK_ID]))
+        == [f"sokoban-{11 + k}" for k in range(6)]
+    )
     # Groups are committed as they end, so shards need not follow task order; every group
     # is a shard of its own here (groups_per_shard = 1).
     assert len(Store(str(tmp_path / "k4")).list_shards()) == 6
@@ -79,8 +91,11 @@ def test_environment_executors_play_identical_rollouts(tmp_path: Path, executor:
     """Where environments step does not change what is played: the lockstep schedule is
     fixed, so the thread pool, worker processes and the calling thread agree exactly."""
     run_actor(actor_config(tmp_path / "thread", groups_in_flight=2, groups=3))
-    run_actor(actor_config(tmp_path / executor, groups_in_flight=2, groups=3,
-                           env_executor=executor, env_workers=2))  # fmt: skip
+    run_actor(
+        actor_config(
+            tmp_path / executor, groups_in_flight=2, groups=3, env_executor=executor, env_workers=2
+        )
+    )
     a, b = by_task(steps_of(tmp_path / "thread")), by_task(steps_of(tmp_path / executor))
     assert a.sort(C.TASK_ID, "j", C.STEP).equals(b.sort(C.TASK_ID, "j", C.STEP))
 
@@ -99,8 +114,9 @@ def test_behaviour_logprobs_are_those_of_the_version_each_step_records(tmp_path:
     store.set_latest(1)
     for ref in store.list_shards():  # keep only the run below
         os.remove(ref.path)
-    summary = run_actor(actor_config(store_dir, groups=5, groups_in_flight=3, max_turns=6,
-                                     run_id="s"))  # fmt: skip
+    summary = run_actor(
+        actor_config(store_dir, groups=5, groups_in_flight=3, max_turns=6, run_id="s")
+    )
     assert first.versions == {0} and summary.versions == {0, 1}
     steps = steps_of(store_dir)
     spans = steps.group_by(C.GROUP_ID).agg(pl.col(C.POLICY_VERSION).n_unique().alias("n"))
@@ -108,7 +124,9 @@ def test_behaviour_logprobs_are_those_of_the_version_each_step_records(tmp_path:
     checked = Counter()
     for row in steps.iter_rows(named=True):
         version = row[C.POLICY_VERSION]
-        fresh = fresh_logprobs(Path(store.policy_dir(version)), row[C.PROMPT_IDS], row[C.ACTION_IDS])
+        fresh = fresh_logprobs(
+            Path(store.policy_dir(version)), row[C.PROMPT_IDS], row[C.ACTION_IDS]
+        )
         # float32 on a CPU; batching changes float noise only
         assert fresh == pytest.approx(row[C.BEHAVIOR_LOGPROBS], abs=2e-4)
         checked[version] += 1
@@ -134,10 +152,13 @@ def test_a_group_whose_environment_raises_is_lost_alone(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(actor, "make_env", lambda name, max_turns, **o: _Flaky(max_turns=max_turns))
     warnings: list[str] = []
-    summary = run_actor(actor_config(tmp_path, groups=6, groups_in_flight=3, max_turns=5),
-                        warn=warnings.append)  # fmt: skip
+    summary = run_actor(
+        actor_config(tmp_path, groups=6, groups_in_flight=3, max_turns=5), warn=warnings.append
+    )
     assert summary.groups_lost == 1 and summary.groups == 5
-    assert len(warnings) == 1 and "task seed 13" in warnings[0] and "engine went away" in warnings[0]
+    assert (
+        len(warnings) == 1 and "task seed 13" in warnings[0] and "engine went away" in warnings[0]
+    )
     tasks = set(steps_of(tmp_path)[C.TASK_ID])
     assert "sokoban-13" not in tasks and len(tasks) == 5
 
@@ -177,12 +198,29 @@ def test_slots_report_errors_through_their_futures_and_rebuild():
 def test_a_rollout_whose_version_falls_is_rejected():
     rows = {name: [] for name in C.STEPS_COLUMNS}
     for step, version in enumerate([0, 2, 1]):
-        row = {C.RUN_ID: "r", C.SHARD_ID: "s", C.GROUP_ID: "g", C.TRAJ_ID: "g-0", C.STEP: step,
-               C.ENV: "e", C.TASK_ID: "t", C.STATE_KEY: "k", C.NEXT_STATE_KEY: "k",
-               C.OBSERVATION: "o", C.PROMPT_IDS: [1], C.ACTION_TEXT: "a", C.ACTION_IDS: [1],
-               C.BEHAVIOR_LOGPROBS: [-0.5], C.POLICY_VERSION: version, C.REWARD: 0.0,
-               C.DONE: step == 2, C.TRUNCATED: False, C.ACTION_VALID: True, C.WON: False,
-               C.CREATED_AT: datetime.now(UTC)}  # fmt: skip
+        row = {
+            C.RUN_ID: "r",
+            C.SHARD_ID: "s",
+            C.GROUP_ID: "g",
+            C.TRAJ_ID: "g-0",
+            C.STEP: step,
+            C.ENV: "e",
+            C.TASK_ID: "t",
+            C.STATE_KEY: "k",
+            C.NEXT_STATE_KEY: "k",
+            C.OBSERVATION: "o",
+            C.PROMPT_IDS: [1],
+            C.ACTION_TEXT: "a",
+            C.ACTION_IDS: [1],
+            C.BEHAVIOR_LOGPROBS: [-0.5],
+            C.POLICY_VERSION: version,
+            C.REWARD: 0.0,
+            C.DONE: step == 2,
+            C.TRUNCATED: False,
+            C.ACTION_VALID: True,
+            C.WON: False,
+            C.CREATED_AT: datetime.now(UTC),
+        }
         for k, v in row.items():
             rows[k].append(v)
     table = pa.Table.from_pydict(rows, schema=C.STEPS_SCHEMA)
@@ -190,23 +228,42 @@ def test_a_rollout_whose_version_falls_is_rejected():
     with pytest.raises(ValidationError, match="goes back from policy version 2 to 1"):
         validate_steps(table, meta)
     rising = table.set_column(
-        table.schema.get_field_index(C.POLICY_VERSION), C.POLICY_VERSION,
+        table.schema.get_field_index(C.POLICY_VERSION),
+        C.POLICY_VERSION,
         pa.array([0, 1, 1], pa.int64()),
-    )  # fmt: skip
+    )
     validate_steps(rising, meta)  # a rollout that spans versions upwards is whole and valid
 
 
 @pytest.mark.slow
 def test_sigint_with_groups_in_flight_leaves_no_torn_shard(tmp_path: Path):
     store_dir = tmp_path / "store"
-    cmd = [sys.executable, "-m", "gagpo.actors.cli", "--quiet", "--store", str(store_dir),
-           "--env", "household", "--policy", "tiny", "--follow", "--no-throttle",
-           "--group-size", "3", "--max-turns", "6", "--groups-in-flight", "4"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "gagpo.actors.cli",
+        "--quiet",
+        "--store",
+        str(store_dir),
+        "--env",
+        "household",
+        "--policy",
+        "tiny",
+        "--follow",
+        "--no-throttle",
+        "--group-size",
+        "3",
+        "--max-turns",
+        "6",
+        "--groups-in-flight",
+        "4",
+    ]
     store = Store(str(store_dir))
     for seed, shards in ((3, 1), (5, 3)):
         before = len(store.list_shards()) if store_dir.exists() else 0
-        proc = subprocess.Popen([*cmd, "--seed", str(seed)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [*cmd, "--seed", str(seed)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + 120
         # Signal once it has committed a few groups: others are in flight then.
         while time.monotonic() < deadline and proc.poll() is None:
@@ -250,13 +307,36 @@ def test_ctrl_c_from_a_terminal_ends_the_actor_as_sigint_to_its_pid_does(tmp_pat
     processes included: they ignore it, the actor finishes its groups in flight, commits,
     ends them and exits 0; no traceback, nothing torn, nothing of the group left alive."""
     store_dir = tmp_path / "store"
-    cmd = [sys.executable, "-m", "gagpo.actors.cli", "--quiet", "--store", str(store_dir),
-           "--env", "sokoban", "--policy", "tiny", "--follow", "--no-throttle",
-           "--group-size", "3", "--max-turns", "6", "--groups-in-flight", "2",
-           "--env-executor", executor, "--env-workers", "2", "--seed", "7"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "gagpo.actors.cli",
+        "--quiet",
+        "--store",
+        str(store_dir),
+        "--env",
+        "sokoban",
+        "--policy",
+        "tiny",
+        "--follow",
+        "--no-throttle",
+        "--group-size",
+        "3",
+        "--max-turns",
+        "6",
+        "--groups-in-flight",
+        "2",
+        "--env-executor",
+        executor,
+        "--env-workers",
+        "2",
+        "--seed",
+        "7",
+    ]
     store = Store(str(store_dir))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip  (its own group, as a shell's job)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )  # (its own group, as a shell's job)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:

@@ -39,8 +39,13 @@ def test_one_gpu_shared_by_an_engine_and_the_learner():
 
 
 def test_two_gpus_one_for_each_side():
-    plan = plan_for("gpu-alfworld", "run.actor_gpus=[0]", "run.learner_gpus=[1]",
-                    "actors.vllm.gpu_memory_utilization=0.9", gpus_visible=2)  # fmt: skip
+    plan = plan_for(
+        "gpu-alfworld",
+        "run.actor_gpus=[0]",
+        "run.learner_gpus=[1]",
+        "actors.vllm.gpu_memory_utilization=0.9",
+        gpus_visible=2,
+    )
     assert [p.gpus for p in plan.processes] == [(0,), (1,)]
     assert plan.actors[0].memory_share == pytest.approx(0.9)
     assert plan.learner.memory_share == 1.0 and plan.learner.env["CUDA_VISIBLE_DEVICES"] == "1"
@@ -58,14 +63,20 @@ def test_eight_gpus_four_engines_and_four_fsdp_ranks():
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
     assert cmd[5:7] == ["-m", "gagpo.learner.cli"]
     assert all(p.env["OMP_NUM_THREADS"] == "8" for p in plan.processes)  # 64 cores, 8 processes
-    learner_cfg = load_config(LearnerConfig, recipe_path("gpu-alfworld-8"), section="learner",
-                              overrides={"store": "S"})  # fmt: skip
+    learner_cfg = load_config(
+        LearnerConfig, recipe_path("gpu-alfworld-8"), section="learner", overrides={"store": "S"}
+    )
     assert learner_cfg.parallel == "fsdp"
 
 
 def test_several_actors_share_a_gpu_with_their_memory_shares():
-    plan = plan_for("gpu-alfworld", "run.actor_gpus=[0,0,1,1]", "run.learner_gpus=[2]",
-                    "run.actor_gpu_memory=0.4", gpus_visible=3)  # fmt: skip
+    plan = plan_for(
+        "gpu-alfworld",
+        "run.actor_gpus=[0,0,1,1]",
+        "run.learner_gpus=[2]",
+        "run.actor_gpu_memory=0.4",
+        gpus_visible=3,
+    )
     assert [a.gpus for a in plan.actors] == [(0,), (0,), (1,), (1,)]
     assert {a.env[GPU_MEMORY_SHARE_ENV] for a in plan.actors} == {"0.4"}
 
@@ -79,20 +90,39 @@ def test_a_cpu_recipe_plans_cpu_processes():
 @pytest.mark.parametrize(
     ("sets", "visible", "message"),
     [
-        (("run.actor_gpus=[0,0]", "run.actor_gpu_memory=0.5"), 1,
-         "GPU 0: 2 actor(s) × 0.5 of its memory leave the learner none"),
-        (("run.actor_gpus=[0,0]", "run.actor_gpu_memory=0.4", "run.learner_gpu_memory=0.3"), 1,
-         "GPU 0 is over-committed: 2 actor(s) × 0.4 + the learner's 0.3 = 1.1"),
-        (("run.actor_gpus=[0]", "run.learner_gpus=[1]"), 1,
-         "run.learner_gpus names GPU 1 but 1 GPU(s) are visible; accepted: ids 0..0"),
+        (
+            ("run.actor_gpus=[0,0]", "run.actor_gpu_memory=0.5"),
+            1,
+            "GPU 0: 2 actor(s) × 0.5 of its memory leave the learner none",
+        ),
+        (
+            ("run.actor_gpus=[0,0]", "run.actor_gpu_memory=0.4", "run.learner_gpu_memory=0.3"),
+            1,
+            "GPU 0 is over-committed: 2 actor(s) × 0.4 + the learner's 0.3 = 1.1",
+        ),
+        (
+            ("run.actor_gpus=[0]", "run.learner_gpus=[1]"),
+            1,
+            "run.learner_gpus names GPU 1 but 1 GPU(s) are visible; accepted: ids 0..0",
+        ),
         (("run.actor_gpus=[0]",), 0, "run.actor_gpus names GPU 0 but no GPU is visible"),
         (("run.learner_gpus=[1,1]",), 8, "lists a GPU twice"),
-        (("run.actor_gpus=[0,1]", "run.actors=3"), 8,
-         "run.actors = 3 but run.actor_gpus lists 2 GPUs"),
+        (
+            ("run.actor_gpus=[0,1]", "run.actors=3"),
+            8,
+            "run.actors = 3 but run.actor_gpus lists 2 GPUs",
+        ),
         (("run.learner_gpus=[1,2]", "learner.device='cpu'"), 8, "learner.device = 'cpu'"),
     ],
-    ids=["no-room-for-learner", "over-committed", "beyond-visible", "no-gpu", "twice",
-         "actors-mismatch", "cpu-learner"],
+    ids=[
+        "no-room-for-learner",
+        "over-committed",
+        "beyond-visible",
+        "no-gpu",
+        "twice",
+        "actors-mismatch",
+        "cpu-learner",
+    ],
 )
 def test_impossible_layouts_are_refused_in_one_line(sets, visible, message):
     with pytest.raises(GagpoError, match=re.escape(message)):
@@ -101,19 +131,38 @@ def test_impossible_layouts_are_refused_in_one_line(sets, visible, message):
 
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path):
     store = tmp_path / "store"
-    out = subprocess.run([*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store", str(store),
-                          "--dry-run"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store", str(store), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "plan: 4 actor(s) and the learner" in out.stdout
     assert "learner   on GPU 4,5,6,7" in out.stdout
     assert out.stdout.count("CUDA_VISIBLE_DEVICES=") == 5
     assert "torch.distributed.run --standalone --nproc-per-node=4" in out.stdout
     assert not store.exists()  # nothing started, nothing written
-    bad = subprocess.run([*GAGPO, "run", "--recipe", "gpu-alfworld", "--store", str(store),
-                          "--dry-run", "--set", "run.actor_gpus=[0,0]",
-                          "--set", "run.actor_gpu_memory=0.6",
-                          "--set", "run.learner_gpu_memory=0.1"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    bad = subprocess.run(
+        [
+            *GAGPO,
+            "run",
+            "--recipe",
+            "gpu-alfworld",
+            "--store",
+            str(store),
+            "--dry-run",
+            "--set",
+            "run.actor_gpus=[0,0]",
+            "--set",
+            "run.actor_gpu_memory=0.6",
+            "--set",
+            "run.learner_gpu_memory=0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "GPU 0 is over-committed" in bad.stderr
     assert "Traceback" not in bad.stderr

@@ -45,15 +45,20 @@ STOREISH = re.compile(r"store|root|url", re.IGNORECASE)
 
 
 def _identifiers(node: ast.AST) -> list[str]:
-    return [n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
-            if isinstance(n, ast.Name | ast.Attribute)]  # fmt: skip
+    return [
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Name | ast.Attribute)
+    ]
 
 
 def _from_store(base: ast.AST | None) -> bool:
     if base is None:
         return False
-    calls_path = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                     and n.func.attr == "path" for n in ast.walk(base))  # fmt: skip
+    calls_path = any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "path"
+        for n in ast.walk(base)
+    )
     return calls_path or any(STOREISH.search(name) for name in _identifiers(base))
 
 
@@ -70,8 +75,11 @@ def _constant_parts(node: ast.AST) -> list[str]:
     nodes = [node]
     if isinstance(node, ast.JoinedStr):
         nodes = [v.value for v in node.values if isinstance(v, ast.FormattedValue)]
-    return [n.id if isinstance(n, ast.Name) else n.attr for n in nodes
-            if isinstance(n, ast.Name | ast.Attribute)]  # fmt: skip
+    return [
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in nodes
+        if isinstance(n, ast.Name | ast.Attribute)
+    ]
 
 
 def _operands(node: ast.BinOp, op: type) -> list[ast.AST]:
@@ -82,8 +90,13 @@ def _operands(node: ast.BinOp, op: type) -> list[ast.AST]:
 
 def _joins(tree: ast.AST):
     """(node, base, parts) of every path join in `tree` (see the module docstring)."""
-    inner = {id(n.left) for n in ast.walk(tree)  # a / b / c: one join, not two
-             if isinstance(n, ast.BinOp) and isinstance(n.left, ast.BinOp) and type(n.op) is type(n.left.op)}  # fmt: skip
+    inner = {
+        id(n.left)
+        for n in ast.walk(tree)  # a / b / c: one join, not two
+        if isinstance(n, ast.BinOp)
+        and isinstance(n.left, ast.BinOp)
+        and type(n.op) is type(n.left.op)
+    }
     for node in ast.walk(tree):
         if id(node) in inner:
             continue
@@ -109,8 +122,11 @@ def _joins(tree: ast.AST):
             values = node.values
             for i, value in enumerate(values[:-1]):
                 after = values[i + 1]
-                if isinstance(value, ast.FormattedValue) and isinstance(after, ast.Constant) \
-                        and after.value.startswith("/"):  # fmt: skip
+                if (
+                    isinstance(value, ast.FormattedValue)
+                    and isinstance(after, ast.Constant)
+                    and after.value.startswith("/")
+                ):
                     yield node, value.value, [ast.JoinedStr(values[i + 1 :])]
                     break
 
@@ -125,16 +141,26 @@ def violations(path: Path) -> list[tuple[str, int, str, str]]:
         from_store = _from_store(base)
         for part in parts:
             names = set(_literal_parts(part))
-            rule = ("a" if from_store and names & layout.NAMES else
-                    "b" if names & FILE_NAMES else
-                    "c" if from_store and set(_constant_parts(part)) & CONSTANTS else "")  # fmt: skip
+            rule = (
+                "a"
+                if from_store and names & layout.NAMES
+                else "b"
+                if names & FILE_NAMES
+                else "c"
+                if from_store and set(_constant_parts(part)) & CONSTANTS
+                else ""
+            )
             if rule:
                 segment = ast.get_source_segment(source, node).splitlines()[0]
                 found.append((module, node.lineno, rule, segment))
                 break
     for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
-                and node.value.value in layout.NAMES and _names_a_path(node):  # fmt: skip
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and node.value.value in layout.NAMES
+            and _names_a_path(node)
+        ):
             found.append((module, node.lineno, "d", ast.get_source_segment(source, node)))
     return found
 
@@ -149,8 +175,12 @@ def _names_a_path(node: ast.Assign) -> bool:
 
 
 def _modules() -> list[Path]:
-    return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")
-                  if p.relative_to(ROOT) != OWNER)  # fmt: skip
+    return sorted(
+        p
+        for folder in FOLDERS
+        for p in (ROOT / folder).rglob("*.py")
+        if p.relative_to(ROOT) != OWNER
+    )
 
 
 def test_no_module_but_layout_names_store_paths():
@@ -209,8 +239,17 @@ def test_docs_store_md_lists_the_layout_of_layout_py():
         "docs/store.md's layout block is not layout.listing(); paste this:\n" + layout.listing()
     )
     listed = {p for p, _ in layout.LAYOUT}
-    for top in ("shards", "archive", "advantages", "policy", "learner", "eval", "ray",
-                "report", "quarantine"):  # fmt: skip
+    for top in (
+        "shards",
+        "archive",
+        "advantages",
+        "policy",
+        "learner",
+        "eval",
+        "ray",
+        "report",
+        "quarantine",
+    ):
         assert any(p.startswith(f"STORE/{top}/") for p in listed), top
 
 

@@ -17,14 +17,18 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def table(prompts, actions, behav=None, adv=None, versions=None) -> pa.Table:
     n = len(prompts)
-    return pa.table({
-        C.GROUP_ID: [f"g{i // 2}" for i in range(n)],
-        C.PROMPT_IDS: pa.array(prompts, pa.list_(pa.int32())),
-        C.ACTION_IDS: pa.array(actions, pa.list_(pa.int32())),
-        C.BEHAVIOR_LOGPROBS: pa.array(behav or [[-1.0] * len(a) for a in actions], pa.list_(pa.float32())),
-        C.ADVANTAGE: pa.array(adv or [1.0] * n, pa.float64()),
-        C.POLICY_VERSION: pa.array(versions or [0] * n, pa.int64()),
-    })  # fmt: skip
+    return pa.table(
+        {
+            C.GROUP_ID: [f"g{i // 2}" for i in range(n)],
+            C.PROMPT_IDS: pa.array(prompts, pa.list_(pa.int32())),
+            C.ACTION_IDS: pa.array(actions, pa.list_(pa.int32())),
+            C.BEHAVIOR_LOGPROBS: pa.array(
+                behav or [[-1.0] * len(a) for a in actions], pa.list_(pa.float32())
+            ),
+            C.ADVANTAGE: pa.array(adv or [1.0] * n, pa.float64()),
+            C.POLICY_VERSION: pa.array(versions or [0] * n, pa.int64()),
+        }
+    )
 
 
 def test_collate_layout():

@@ -33,8 +33,17 @@ def test_help_explains_every_option_without_importing_torch():
     for option in learner_command.params:
         if option.name != "help":
             assert option.help, option.name
-    for flag in ("--store", "--policy", "--config", "--updates", "--batch-groups", "--max-staleness",
-                 "--resume", "--replay", "--estimator"):  # fmt: skip
+    for flag in (
+        "--store",
+        "--policy",
+        "--config",
+        "--updates",
+        "--batch-groups",
+        "--max-staleness",
+        "--resume",
+        "--replay",
+        "--estimator",
+    ):
         assert flag in result.output
 
 
@@ -50,8 +59,10 @@ def test_help_explains_every_option_without_importing_torch():
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args, message):
     proc = subprocess.run(
         [sys.executable, "-m", "gagpo.learner.cli", "--store", str(tmp_path), *args],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2
     assert (
         proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
@@ -98,9 +109,17 @@ def test_a_policy_that_is_not_a_model_folder_is_one_line(tmp_path: Path):
 def test_objective_variants_train(tmp_path: Path, options):
     store = Store(str(tmp_path / "store"))
     write_shards(store, 2)
-    cfg = LearnerConfig(store=store.url, policy=str(tiny_model_dir()), updates=2, batch_groups=2,
-                        lr=1e-2, idle_timeout_s=0.5, poll_interval_s=0.05, max_staleness=10,
-                        **options)  # fmt: skip
+    cfg = LearnerConfig(
+        store=store.url,
+        policy=str(tiny_model_dir()),
+        updates=2,
+        batch_groups=2,
+        lr=1e-2,
+        idle_timeout_s=0.5,
+        poll_interval_s=0.05,
+        max_staleness=10,
+        **options,
+    )
     assert train(cfg).updates == 2
     metrics = read_metrics(store)
     assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["masked_actions"] == 0).all()
@@ -114,10 +133,24 @@ def test_objective_variants_train(tmp_path: Path, options):
 def test_replay_trains_offline_from_another_store(tmp_path: Path):
     source = Store(str(tmp_path / "source"))
     write_shards(source, 3, version=7)  # any age: no staleness drop in replay
-    result = CliRunner().invoke(learner_command, [
-        "--store", str(tmp_path / "out"), "--policy", str(tiny_model_dir()), "--replay", source.url,
-        "--updates", "10", "--batch-groups", "4", "--estimator", "gigpo", "--quiet",
-    ])  # fmt: skip
+    result = CliRunner().invoke(
+        learner_command,
+        [
+            "--store",
+            str(tmp_path / "out"),
+            "--policy",
+            str(tiny_model_dir()),
+            "--replay",
+            source.url,
+            "--updates",
+            "10",
+            "--batch-groups",
+            "4",
+            "--estimator",
+            "gigpo",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 3, result.output  # fewer updates than asked: the data ran out
     assert "2 update(s) done" in result.output and "6 group(s) trained" in result.output
     assert "stopped after 2 of 10 updates: every shard of" in result.output
@@ -150,8 +183,14 @@ def test_non_finite_and_huge_inputs_are_masked_or_bounded(tmp_path: Path):
         store.write_shard(with_behaviour(nan), group_size=GROUP_SIZE)
     huge = [behav[0], [MIN_LOGPROB] * len(behav[1]), *behav[2:]]  # log w ≈ 1000
     store.write_shard(with_behaviour(huge), group_size=GROUP_SIZE)
-    cfg = LearnerConfig(store=store.url, policy=str(tiny_model_dir()), updates=1, batch_groups=2,
-                        idle_timeout_s=0.5, poll_interval_s=0.05)  # fmt: skip
+    cfg = LearnerConfig(
+        store=store.url,
+        policy=str(tiny_model_dir()),
+        updates=1,
+        batch_groups=2,
+        idle_timeout_s=0.5,
+        poll_interval_s=0.05,
+    )
     assert train(cfg).updates == 1
     row = read_metrics(store).row(0, named=True)
     assert row["masked_actions"] == 0 and row["behavior_weight_max"] == pytest.approx(2.0)

@@ -37,8 +37,17 @@ def test_torchrun_two_processes_match_one(tmp_path):
         write_shards(stores[name], 3, groups=3)
     single = run_learner(*learner_args(tmp_path / "one", "--mini-batches", "1"))
     assert single.returncode == 0, single.stderr
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "-m", "gagpo.learner.cli", *learner_args(tmp_path / "two", "--mini-batches", "1")]  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "gagpo.learner.cli",
+        *learner_args(tmp_path / "two", "--mini-batches", "1"),
+    ]
     double = subprocess.run(
         torchrun, capture_output=True, text=True, timeout=300, cwd=ROOT, env=ENV
     )
@@ -62,17 +71,56 @@ def test_actors_and_learner_run_asynchronously(tmp_path):
 
     store_dir, staleness = tmp_path / "store", 1
     actors = subprocess.Popen(
-        [sys.executable, "-m", "gagpo.actors.cli", "--store", str(store_dir), "--env", "household",
-         "--policy", "tiny", "--follow", "--group-size", "4", "--max-turns", "3", "--quiet"],
-        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gagpo.actors.cli",
+            "--store",
+            str(store_dir),
+            "--env",
+            "household",
+            "--policy",
+            "tiny",
+            "--follow",
+            "--group-size",
+            "4",
+            "--max-turns",
+            "3",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         learner = subprocess.run(
-            learner_cmd("--store", str(store_dir), "--policy", str(resolve_model("tiny")),
-                        "--updates", "4", "--batch-groups", "2", "--max-staleness", str(staleness),
-                        "--lr", "1e-3", "--poll-interval", "0.1", "--idle-timeout", "120", "--quiet"),
-            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=400,
-        )  # fmt: skip
+            learner_cmd(
+                "--store",
+                str(store_dir),
+                "--policy",
+                str(resolve_model("tiny")),
+                "--updates",
+                "4",
+                "--batch-groups",
+                "2",
+                "--max-staleness",
+                str(staleness),
+                "--lr",
+                "1e-3",
+                "--poll-interval",
+                "0.1",
+                "--idle-timeout",
+                "120",
+                "--quiet",
+            ),
+            cwd=ROOT,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert learner.returncode == 0, learner.stderr[-3000:]
         # Let the actors load the last version and write with it.
         store = Store(str(store_dir))

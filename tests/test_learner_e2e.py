@@ -31,9 +31,18 @@ SHARDS, GROUPS_PER_SHARD, B = 5, 2, 2  # 10 groups: 5 updates of 2 groups
 
 
 def config(store: Path, **kw) -> LearnerConfig:
-    base = dict(store=str(store), policy=str(tiny_model_dir()), updates=5, batch_groups=B, lr=3e-3,
-                micro_batch_tokens=96, keep_versions=100, poll_interval_s=0.05,
-                idle_timeout_s=1.0, max_staleness=100)  # fmt: skip
+    base = dict(
+        store=str(store),
+        policy=str(tiny_model_dir()),
+        updates=5,
+        batch_groups=B,
+        lr=3e-3,
+        micro_batch_tokens=96,
+        keep_versions=100,
+        poll_interval_s=0.05,
+        idle_timeout_s=1.0,
+        max_staleness=100,
+    )
     return LearnerConfig(**(base | kw))
 
 
@@ -99,10 +108,29 @@ def test_resume_continues_exactly(straight, tmp_path: Path):
 
 def _kill_during(store_root: Path, phase: str, update: int, tmp_path: Path) -> list[str]:
     hold = tmp_path / "held"
-    args = ["--store", str(store_root), "--policy", str(tiny_model_dir()), "--updates", "5",
-            "--batch-groups", str(B), "--lr", "3e-3", "--micro-batch-tokens", "96",
-            "--keep-versions", "100", "--poll-interval", "0.05",
-            "--idle-timeout", "1", "--max-staleness", "100", "--quiet"]  # fmt: skip
+    args = [
+        "--store",
+        str(store_root),
+        "--policy",
+        str(tiny_model_dir()),
+        "--updates",
+        "5",
+        "--batch-groups",
+        str(B),
+        "--lr",
+        "3e-3",
+        "--micro-batch-tokens",
+        "96",
+        "--keep-versions",
+        "100",
+        "--poll-interval",
+        "0.05",
+        "--idle-timeout",
+        "1",
+        "--max-staleness",
+        "100",
+        "--quiet",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GAGPO_LEARNER_HOLD": f"{phase}:{update}:{hold}"}
     proc = subprocess.Popen(
         learner_cmd(*args), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
@@ -128,8 +156,14 @@ def test_sigkill_then_resume(straight, tmp_path: Path, phase, update):
     latest = store.latest_version()
     # LATEST never names an incomplete version.
     assert latest == update - 1 and store.fs.exists(f"{store.policy_dir(latest)}/{COMPLETE}")
-    resumed = subprocess.run(learner_cmd(*args, "--resume"), cwd=ROOT, capture_output=True,
-                             text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    resumed = subprocess.run(
+        learner_cmd(*args, "--resume"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert resumed.returncode == 0, resumed.stderr
     versions = version_folders(store)
     assert versions == list(range(1, versions[-1] + 1)) and store.latest_version() == versions[-1]
@@ -161,8 +195,14 @@ def test_no_hang_one_line(tmp_path: Path, args, words):
     (tmp_path / "empty").mkdir()
     args = [a.format(tmp=tmp_path) for a in args]
     store = [] if "--store" in args else ["--store", str(tmp_path / "empty")]
-    done = subprocess.run(learner_cmd(*store, *args), cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    done = subprocess.run(
+        learner_cmd(*store, *args),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.strip().splitlines() if "error" in line]
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in done.stderr, done.stderr

@@ -203,9 +203,23 @@ def test_learner_that_runs_out_of_data_says_why_and_exits_non_zero(tmp_path: Pat
 
     store = Store(str(tmp_path / "store"))
     write_shards(store, 3)  # 6 groups
-    short = run_learner("--store", store.url, "--policy", str(tiny_model_dir()),
-                        "--batch-groups", "2", "--micro-batch-tokens", "256", "--updates", "4",
-                        "--poll-interval", "1", "--idle-timeout", "0.3", "--quiet")  # fmt: skip
+    short = run_learner(
+        "--store",
+        store.url,
+        "--policy",
+        str(tiny_model_dir()),
+        "--batch-groups",
+        "2",
+        "--micro-batch-tokens",
+        "256",
+        "--updates",
+        "4",
+        "--poll-interval",
+        "1",
+        "--idle-timeout",
+        "0.3",
+        "--quiet",
+    )
     assert short.returncode == 3, short.stderr[-2000:]
     assert short.stderr == (
         "gagpo-learner: stopped after 3 of 4 updates: no new committed groups for 0.3 s "

@@ -30,8 +30,17 @@ from tests.helpers.learner import (
 
 
 def torchrun(store, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "gagpo.learner.cli", *learner_args(store, *extra)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "gagpo.learner.cli",
+        *learner_args(store, *extra),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=ENV)
 
 
@@ -148,6 +157,12 @@ def test_fsdp_bf16_mixed_precision_keeps_fp32_master_weights():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-c", FSDP_BF16], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env={**ENV, "PORT": str(port)})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", FSDP_BF16],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**ENV, "PORT": str(port)},
+    )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]

@@ -36,8 +36,13 @@ def batch(groups: int = 3) -> pa.Table:
 
 
 def config(**loss) -> LearnerConfig:
-    return LearnerConfig(store="unused", policy=str(tiny_model_dir()), batch_groups=3, lr=1e-6,
-                         loss=LossSettings(log_ratio_bound=BOUND, behavior_cap=CAP, **loss))  # fmt: skip
+    return LearnerConfig(
+        store="unused",
+        policy=str(tiny_model_dir()),
+        batch_groups=3,
+        lr=1e-6,
+        loss=LossSettings(log_ratio_bound=BOUND, behavior_cap=CAP, **loss),
+    )
 
 
 def expected(model, table: pa.Table, cfg: LearnerConfig) -> dict[str, np.ndarray]:
@@ -45,8 +50,14 @@ def expected(model, table: pa.Table, cfg: LearnerConfig) -> dict[str, np.ndarray
     (ratio 1, weight π_θ/π_behav); bypass sets π_prox = π_behav (ratio π_θ/π_behav, weight 1)."""
     loss = cfg.loss
     ratios, weights = [], []
-    for mb in plan(table, version=0, pad_id=0, max_positions=1 << 20,
-                   budget=cfg.micro_batch_tokens, token_mean=False):  # fmt: skip
+    for mb in plan(
+        table,
+        version=0,
+        pad_id=0,
+        max_positions=1 << 20,
+        budget=cfg.micro_batch_tokens,
+        token_mean=False,
+    ):
         with torch.no_grad():
             logp, _ = action_logprobs(model, mb, cfg.temperature)
         mask = mb.action_mask
@@ -79,8 +90,9 @@ def test_ratio_and_weight_histograms_are_what_the_loss_used(ratio_level, bypass)
     cfg = config(bypass=bypass, ratio_level=ratio_level)
     table = batch()
     want = expected(model, table, cfg)
-    _, hists = run_update(model, *make_optimizer(model, cfg), table, version=0, cfg=cfg, d=CPU,
-                          pad_id=0)  # fmt: skip
+    _, hists = run_update(
+        model, *make_optimizer(model, cfg), table, version=0, cfg=cfg, d=CPU, pad_id=0
+    )
     actions = table.num_rows
     tokens = sum(len(ids) for ids in table[C.ACTION_IDS].to_pylist())
     assert hists["ratio"].sum() == (tokens if ratio_level == "token" else actions)
@@ -114,8 +126,16 @@ def reads_per_update(monkeypatch, micro_batch_tokens: int) -> tuple[int, int]:
     model = load_model(tiny_model_dir(), CPU.device).train()
     cfg = config().model_copy(update={"micro_batch_tokens": micro_batch_tokens})
     table = batch(groups=4)
-    micro_batches = len(plan(table, version=0, pad_id=0, max_positions=1 << 20,
-                             budget=micro_batch_tokens, token_mean=False))  # fmt: skip
+    micro_batches = len(
+        plan(
+            table,
+            version=0,
+            pad_id=0,
+            max_positions=1 << 20,
+            budget=micro_batch_tokens,
+            token_mean=False,
+        )
+    )
     optimizer, scheduler = make_optimizer(model, cfg)
     count = [0]
     for name in _READS:

@@ -71,9 +71,11 @@ def test_learner_survives_an_outage_in_every_phase(emulator, tmp_path, monkeypat
     monkeypatch.setattr(store_module, "fault_point", at)
     monkeypatch.setattr(learner_faults, "fault_point", at)
     monkeypatch.setattr(publish, "fault_point", at)
-    for cls, name, phase in [(MetricsLog, "_write_histograms", "histograms"),
-                             (Feed, "poll", "listing"),
-                             (Store, "set_latest", "latest")]:  # fmt: skip
+    for cls, name, phase in [
+        (MetricsLog, "_write_histograms", "histograms"),
+        (Feed, "poll", "listing"),
+        (Store, "set_latest", "latest"),
+    ]:
         original = getattr(cls, name)
 
         def hooked(self, *args, _original=original, _phase=phase, **kwargs):
@@ -82,14 +84,27 @@ def test_learner_survives_an_outage_in_every_phase(emulator, tmp_path, monkeypat
 
         monkeypatch.setattr(cls, name, hooked)
     monkeypatch.setenv("GAGPO_STORE_RETRY_S", "60")
-    cfg = LearnerConfig(store=url, policy=str(tiny_model_dir()), batch_groups=2, updates=2,
-                        idle_timeout_s=30, poll_interval_s=0.05)  # fmt: skip
+    cfg = LearnerConfig(
+        store=url,
+        policy=str(tiny_model_dir()),
+        batch_groups=2,
+        updates=2,
+        idle_timeout_s=30,
+        poll_interval_s=0.05,
+    )
     with caplog.at_level(logging.WARNING, logger="gagpo.store"):
         summary = train(cfg)
     assert summary.updates == 2 and summary.version == 2
     fired = set(outage.phases)
-    assert {"listing", "backward", "commit-learner", "histograms", "checkpoint", "publish",
-            "latest"} <= fired, fired  # fmt: skip
+    assert {
+        "listing",
+        "backward",
+        "commit-learner",
+        "histograms",
+        "checkpoint",
+        "publish",
+        "latest",
+    } <= fired, fired
     retried = " ".join(r.getMessage() for r in caplog.records)
     assert "histograms.zarr" in retried and ".complete" in retried and "LATEST" in retried
     with outage.down:  # the endpoint is up

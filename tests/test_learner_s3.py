@@ -19,8 +19,14 @@ def test_learner_on_s3_publishes_checkpoints_and_resumes(s3_endpoint, tmp_path):
     url = f"s3://gagpo/{tmp_path.name}"
     store = Store(url, skip_instance_cache=True)
     write_shards(store, 3)
-    cfg = dict(store=url, policy=str(tiny_model_dir()), batch_groups=2, idle_timeout_s=0.5,
-               poll_interval_s=0.05, keep_versions=2)  # fmt: skip
+    cfg = dict(
+        store=url,
+        policy=str(tiny_model_dir()),
+        batch_groups=2,
+        idle_timeout_s=0.5,
+        poll_interval_s=0.05,
+        keep_versions=2,
+    )
     assert train(LearnerConfig(**cfg, updates=2)).updates == 2
     assert train(LearnerConfig(**cfg, updates=3, resume=True)).updates == 3
     store = Store(url, skip_instance_cache=True)

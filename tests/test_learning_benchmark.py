@@ -37,18 +37,49 @@ def run_learning():
 
 def test_measure_of_a_sokoban_store_is_json(tmp_path: Path, run_learning):
     store = tmp_path / "store"
-    actors = [sys.executable, "-m", "gagpo.actors.cli", "--store", str(store), "--env", "sokoban",
-              "--set", "env_options={sizes=[5,5],max_boxes=1}", "--groups", "2",
-              "--group-size", "4", "--max-turns", "3", "--run-id", "bench", "--seed", "0", "--quiet"]  # fmt: skip
+    actors = [
+        sys.executable,
+        "-m",
+        "gagpo.actors.cli",
+        "--store",
+        str(store),
+        "--env",
+        "sokoban",
+        "--set",
+        "env_options={sizes=[5,5],max_boxes=1}",
+        "--groups",
+        "2",
+        "--group-size",
+        "4",
+        "--max-turns",
+        "3",
+        "--run-id",
+        "bench",
+        "--seed",
+        "0",
+        "--quiet",
+    ]
     subprocess.run(actors, check=True, capture_output=True, timeout=300)
-    advantages = [sys.executable, "-m", "gagpo.workflows.cli", "advantages", "--store", str(store),
-                  "--estimator", "gagpo"]  # fmt: skip
+    advantages = [
+        sys.executable,
+        "-m",
+        "gagpo.workflows.cli",
+        "advantages",
+        "--store",
+        str(store),
+        "--estimator",
+        "gagpo",
+    ]
     subprocess.run(advantages, check=True, capture_output=True, timeout=300)
 
     result = run_learning.measure(store, "sokoban")
     again = json.loads(json.dumps(result))  # what run_cell writes
-    steps = pl.concat([pl.from_arrow(t) for _, t in Store(str(store)).iter_valid_shards(
-        Store(str(store)).list_shards())])  # fmt: skip
+    steps = pl.concat(
+        [
+            pl.from_arrow(t)
+            for _, t in Store(str(store)).iter_valid_shards(Store(str(store)).list_shards())
+        ]
+    )
     last = steps.sort(C.STEP).group_by(C.TRAJ_ID).agg(pl.col(C.WON).last())
     assert again["versions"] == [0] and again["rollouts"] == [8] == [last.height]
     assert again["env_steps"] == [steps.height]
@@ -66,8 +97,9 @@ def assert_credit_auc(steps: pl.DataFrame, adv_table: pl.DataFrame, auc) -> None
     """The AUC as the share of (optimal, other) pairs the advantage orders right, ties ½."""
     from credit import label
 
-    labelled = label(steps).join(adv_table.select(C.TRAJ_ID, C.STEP, C.ADVANTAGE),
-                                 on=[C.TRAJ_ID, C.STEP])  # fmt: skip
+    labelled = label(steps).join(
+        adv_table.select(C.TRAJ_ID, C.STEP, C.ADVANTAGE), on=[C.TRAJ_ID, C.STEP]
+    )
     x, y = labelled[C.ADVANTAGE].to_numpy(), labelled["optimal"].to_numpy()
     pos, neg = x[y], x[~y]
     if not len(pos) or not len(neg):
@@ -84,27 +116,50 @@ def known_store(root: Path) -> Store:
     a = make_steps(shard_id="a", groups=1, group_size=3, lengths=[2, 3, 4], policy_version=0)
     lost = pc.equal(a[C.TRAJ_ID], "a-g0-r1")
     invalid = pc.and_(pc.equal(a[C.TRAJ_ID], "a-g0-r0"), pc.equal(a[C.STEP], 0))
-    for name, values in ((C.WON, pc.and_(a[C.WON], pc.invert(lost))),
-                         (C.ACTION_VALID, pc.invert(invalid))):  # fmt: skip
+    for name, values in (
+        (C.WON, pc.and_(a[C.WON], pc.invert(lost))),
+        (C.ACTION_VALID, pc.invert(invalid)),
+    ):
         i = a.schema.get_field_index(name)
         a = a.set_column(i, a.schema.field(i), values)
     store.write_shard(a, group_size=3)
     b = make_steps(shard_id="b", groups=1, group_size=2, lengths=[1, 1], policy_version=1)
     store.write_shard(b, group_size=2)
     n = a.num_rows
-    adv = {C.TRAJ_ID: a[C.TRAJ_ID], C.STEP: a[C.STEP], C.GROUP_ID: a[C.GROUP_ID],
-           C.STATE_KEY: a[C.STATE_KEY], **{c: pa.array([0.0] * n) for c in (
-               C.RETURN, C.VALUE_PROXY, C.NEXT_VALUE_PROXY, C.TD_RESIDUAL, C.ADVANTAGE_RAW)},
-           C.ADVANTAGE: pa.array(np.arange(n, dtype=float)),
-           C.STATE_GROUP_SIZE: pa.array([1] * n, pa.int64())}  # fmt: skip
+    adv = {
+        C.TRAJ_ID: a[C.TRAJ_ID],
+        C.STEP: a[C.STEP],
+        C.GROUP_ID: a[C.GROUP_ID],
+        C.STATE_KEY: a[C.STATE_KEY],
+        **{
+            c: pa.array([0.0] * n)
+            for c in (C.RETURN, C.VALUE_PROXY, C.NEXT_VALUE_PROXY, C.TD_RESIDUAL, C.ADVANTAGE_RAW)
+        },
+        C.ADVANTAGE: pa.array(np.arange(n, dtype=float)),
+        C.STATE_GROUP_SIZE: pa.array([1] * n, pa.int64()),
+    }
     meta = {C.META_ESTIMATOR: b"gagpo", C.META_ESTIMATOR_PARAMS: b"{}"}
     store.write_parquet(
         pa.table(adv).cast(C.ADVANTAGES_SCHEMA), store.advantages_path("gagpo", "a"), meta
     )
-    heldout = [{"policy_version": 0, "rollouts": 4, "success_rate": 0.25, "valid_rate": 0.5,
-                "mean_return": 0.25, "task_seed": 7},
-               {"policy_version": 1, "rollouts": 4, "success_rate": 0.75, "valid_rate": 1.0,
-                "mean_return": 0.75, "task_seed": 7}]  # fmt: skip
+    heldout = [
+        {
+            "policy_version": 0,
+            "rollouts": 4,
+            "success_rate": 0.25,
+            "valid_rate": 0.5,
+            "mean_return": 0.25,
+            "task_seed": 7,
+        },
+        {
+            "policy_version": 1,
+            "rollouts": 4,
+            "success_rate": 0.75,
+            "valid_rate": 1.0,
+            "mean_return": 0.75,
+            "task_seed": 7,
+        },
+    ]
     table = pa.Table.from_pylist(heldout, schema=C.HELDOUT_SCHEMA)
     store.write_parquet(table, store.path(EVAL, HELDOUT), {})
     return store

@@ -34,11 +34,16 @@ def _no_leases_left():
 
 def _foreign(store: Store, generation: int, **fields) -> None:
     """A lease record written by another learner (another host unless said)."""
-    record = {"token": "other", "host": "elsewhere", "pid": 1, "renewed_at": time.time(),
-              "ttl_s": TTL, "released": False, **fields}  # fmt: skip
-    assert store.create_exclusive(
-        layout.lease(store.root, generation), json.dumps(record).encode()
-    )
+    record = {
+        "token": "other",
+        "host": "elsewhere",
+        "pid": 1,
+        "renewed_at": time.time(),
+        "ttl_s": TTL,
+        "released": False,
+        **fields,
+    }
+    assert store.create_exclusive(layout.lease(store.root, generation), json.dumps(record).encode())
 
 
 def test_second_learner_is_refused_while_the_first_renews(tmp_path):
@@ -76,8 +81,12 @@ def test_lease_of_a_dead_process_on_this_host_is_free_at_once(tmp_path):
     import socket
 
     store = Store(str(tmp_path / "s"))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     _foreign(store, 1, host=socket.gethostname(), pid=int(dead.stdout))
     start = time.monotonic()
     acquire(store, ttl_s=60)
@@ -147,10 +156,28 @@ def test_lease_on_s3_refuses_a_second_learner(s3_endpoint, tmp_path):
 
 
 def _args(store: Path, *extra: str) -> list[str]:
-    return ["--store", str(store), "--policy", str(tiny_model_dir()), "--updates", "5",
-            "--batch-groups", "1", "--max-staleness", "100", "--micro-batch-tokens", "96",
-            "--keep-versions", "100", "--poll-interval", "0.05", "--idle-timeout", "20",
-            "--quiet", *extra]  # fmt: skip
+    return [
+        "--store",
+        str(store),
+        "--policy",
+        str(tiny_model_dir()),
+        "--updates",
+        "5",
+        "--batch-groups",
+        "1",
+        "--max-staleness",
+        "100",
+        "--micro-batch-tokens",
+        "96",
+        "--keep-versions",
+        "100",
+        "--poll-interval",
+        "0.05",
+        "--idle-timeout",
+        "20",
+        "--quiet",
+        *extra,
+    ]
 
 
 @pytest.mark.slow

@@ -64,8 +64,9 @@ def test_adapter_folder_loads_with_transformers_and_peft_and_gives_the_same_logi
 
     store = Store(str(tmp_path / "store"))
     model = lora_model()
-    lora = LoraSettings(enabled=True, rank=4, alpha=8.0, dropout=0.05, target_modules=TARGETS,
-                        publish="adapter")  # fmt: skip
+    lora = LoraSettings(
+        enabled=True, rank=4, alpha=8.0, dropout=0.05, target_modules=TARGETS, publish="adapter"
+    )
     folder = Path(P.publish_version(store, model, tiny_model_dir(), 1, keep=3, lora=lora))
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
@@ -108,10 +109,24 @@ def test_lora_flags_reach_the_config(tmp_path, monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr("gagpo.learner.train.train", fake_train)
-    result = CliRunner().invoke(learner_command, [
-        "--store", str(tmp_path), "--lora", "--lora-rank", "16", "--lora-alpha", "32",
-        "--lora-dropout", "0.1", "--lora-target-modules", "q_proj, v_proj", "--precision", "bf16",
-    ])  # fmt: skip
+    result = CliRunner().invoke(
+        learner_command,
+        [
+            "--store",
+            str(tmp_path),
+            "--lora",
+            "--lora-rank",
+            "16",
+            "--lora-alpha",
+            "32",
+            "--lora-dropout",
+            "0.1",
+            "--lora-target-modules",
+            "q_proj, v_proj",
+            "--precision",
+            "bf16",
+        ],
+    )
     assert result.exit_code == 0, result.output
     cfg: LearnerConfig = seen["config"]
     assert cfg.lora.enabled and cfg.lora.rank == 16 and cfg.lora.alpha == 32.0
@@ -133,8 +148,9 @@ def test_actors_on_transformers_serve_an_adapter_version_as_the_learner_has_it(t
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
-    lora = LoraSettings(enabled=True, rank=2, alpha=4.0, target_modules=["q_proj", "v_proj"],
-                        publish="adapter")  # fmt: skip
+    lora = LoraSettings(
+        enabled=True, rank=2, alpha=4.0, target_modules=["q_proj", "v_proj"], publish="adapter"
+    )
     folder = Path(P.publish_version(store, model.eval(), tiny_dir(), 1, keep=3, lora=lora))
     policy = load_policy("tiny", backend="transformers", device="cpu")
     policy = load_version(policy, folder, 1, device="cpu")

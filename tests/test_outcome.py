@@ -64,9 +64,17 @@ def test_a_lost_textworld_game_is_a_failure_everywhere(store_dir: Path) -> None:
     assert plan == [f"take {plan[0].split(' ', 1)[1]}"] and f"take {wrong}" in first.admissible
 
     policy = ScriptedPolicy([plan, [f"take {wrong}"]])  # rollout 0 wins, rollout 1 loses
-    result = rollout_group(lambda: TextWorld(game_files=game), policy, task_seed=0,
-                           group_id="g", run_id="r", shard_id="s", group_size=2,
-                           history_window=2, sampling_seed=0)  # fmt: skip
+    result = rollout_group(
+        lambda: TextWorld(game_files=game),
+        policy,
+        task_seed=0,
+        group_id="g",
+        run_id="r",
+        shard_id="s",
+        group_size=2,
+        history_window=2,
+        sampling_seed=0,
+    )
     columns = result.columns
     assert columns[C.DONE] == [True, True] and columns[C.WON] == [True, False]
     assert columns[C.TRUNCATED] == [False, False]

@@ -50,8 +50,15 @@ def test_actor_progress_counts_from_the_loaded_policy_with_time_left(capsys):
     from gagpo.actors.cli import _progress_printer
 
     progress, update = _progress_printer(10)  # not a terminal here: plain lines
-    summary = SimpleNamespace(groups=2, steps=40, steps_per_second=4.0, success_rate=0.5,
-                              versions={0, 1}, seconds_throttled=0.0, seconds_total=10.0)  # fmt: skip
+    summary = SimpleNamespace(
+        groups=2,
+        steps=40,
+        steps_per_second=4.0,
+        success_rate=0.5,
+        versions={0, 1},
+        seconds_throttled=0.0,
+        seconds_total=10.0,
+    )
     with progress:
         update(summary)
     err = capsys.readouterr().err

@@ -47,8 +47,10 @@ def nodes():
     before = os.environ.get(PRESTART)
     os.environ[PRESTART] = "0"  # no idle workers started ahead: 2 cores here
     os.makedirs(os.path.join(tempfile.gettempdir(), "ray"), exist_ok=True)  # its address file
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": False, "temp_dir": str(scratch)})  # fmt: skip
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": str(scratch)},
+    )
     try:
         ray.init(address=cluster.address, namespace=ray_run.NAMESPACE, log_to_driver=False)
         yield ray, cluster
@@ -74,8 +76,22 @@ def _two_workers(cluster) -> None:
 
 def _start(cluster, store_dir, *sets: str) -> tuple[Run, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = Run(["--recipe", "tiny", "--store", str(store_dir), "--ray", cluster.address,
-               "--no-warmstart", *QUICK, "--set", "run.actors=2", *sets], env)  # fmt: skip
+    run = Run(
+        [
+            "--recipe",
+            "tiny",
+            "--store",
+            str(store_dir),
+            "--ray",
+            cluster.address,
+            "--no-warmstart",
+            *QUICK,
+            "--set",
+            "run.actors=2",
+            *sets,
+        ],
+        env,
+    )
     name = run.wait_for(r"placement groups (\S+)-learner, ").group(1)
     run.wait_for(r"^\[learner\] \(ray\) started pid")
     return run, name
@@ -110,10 +126,16 @@ def _assert_nothing_left(ray, run: Run, name: str) -> None:
     """No placement group, Ray actor or process of the run alive."""
     deadline = time.monotonic() + 60
     while True:
-        groups = [i["state"] for i in ray.util.placement_group_table().values()
-                  if i["name"].startswith(name)]  # fmt: skip
-        actors = [a for a in ray._private.state.actors().values()
-                  if a.get("Name", "").startswith(name) and a["State"] != "DEAD"]  # fmt: skip
+        groups = [
+            i["state"]
+            for i in ray.util.placement_group_table().values()
+            if i["name"].startswith(name)
+        ]
+        actors = [
+            a
+            for a in ray._private.state.actors().values()
+            if a.get("Name", "").startswith(name) and a["State"] != "DEAD"
+        ]
         children = {pid for pid in run.child_pids() if alive(pid)}
         if not children and not actors and set(groups) <= {"REMOVED"}:
             return
@@ -139,8 +161,12 @@ def test_the_learners_node_lost(nodes, tmp_path):
     cluster.remove_node(next(w for w in cluster.worker_nodes if w.node_id == node))
     assert run.finish() == 0, run.tail()
     out = run.text()
-    assert re.search(rf"^\[learner\] \(ray\) rank 0: its node {node[:8]} was lost; every rank "
-                     r"restarts with --resume on a new placement group$", out, re.M), run.tail()  # fmt: skip
+    assert re.search(
+        rf"^\[learner\] \(ray\) rank 0: its node {node[:8]} was lost; every rank "
+        r"restarts with --resume on a new placement group$",
+        out,
+        re.M,
+    ), run.tail()
     assert re.search(r"^\[learner\] \(ray\) started pid \d+ .*restart 1: --resume$", out, re.M)
     _assert_one_lineage(Store(str(store_dir)))
     counted = f"{len(with_it)} actor restart(s), 1 learner restart(s), 0 lost (not replaced)"
@@ -167,8 +193,10 @@ def test_an_actors_node_lost(nodes, tmp_path):
     assert apart, "SPREAD left no actor apart from the learner"
     i, node = min(apart.items())
     cluster.remove_node(next(w for w in cluster.worker_nodes if w.node_id == node))
-    run.wait_for(rf"^\[actor {i}\] \(ray\) its node {node[:8]} was lost; placing it again "
-                 r"\(restart 1 of 3")  # fmt: skip
+    run.wait_for(
+        rf"^\[actor {i}\] \(ray\) its node {node[:8]} was lost; placing it again "
+        r"\(restart 1 of 3"
+    )
     restart = run.wait_for(rf"^\[actor {i}\] \(ray\) started pid \d+ .*restart 1: --run-id (\S+)")
     assert run.finish() == 0, run.tail()
     out = run.text()

@@ -69,17 +69,22 @@ def test_an_actor_no_node_holds_is_lost_not_replaced_and_counted_apart():
     fresh = ray_run._Held("actor 0", "host-0", incarnation=1)
     fresh.placing = (time.monotonic(), "its Ray actor died", "RUN0")
     events, lines = [], []
-    ray_run._give_up_placing(fake, [waiting, fresh], RunConfig(place_timeout_s=10.0),
-                             lines.append, events)  # fmt: skip
+    ray_run._give_up_placing(
+        fake, [waiting, fresh], RunConfig(place_timeout_s=10.0), lines.append, events
+    )
     assert waiting.gone and waiting.placing is None and fake.killed == ["host-1"]
     assert not fresh.gone and fresh.placing is not None  # still within the bound
-    assert lines == ["[actor 1] (ray) lost, not replaced: no node could hold it within 10 s "
-                     "(the cluster has 0 CPU(s) free)"]  # fmt: skip
+    assert lines == [
+        "[actor 1] (ray) lost, not replaced: no node could hold it within 10 s "
+        "(the cluster has 0 CPU(s) free)"
+    ]
     (lost,) = events
     assert (lost["process"], lost["replaced"]) == ("actor 1", False)
     assert lost["cause"] == "its node 1a2b3c4d was lost; no node could hold it within 10 s"
-    events += [ray_run._event("actor 0", 1, "R", "its Ray actor died"),
-               ray_run._event("learner", 1, None, "rank 0: its node 1a2b3c4d was lost")]  # fmt: skip
+    events += [
+        ray_run._event("actor 0", 1, "R", "its Ray actor died"),
+        ray_run._event("learner", 1, None, "rank 0: its node 1a2b3c4d was lost"),
+    ]
     assert ray_run._restarts_text(events) == (
         "ray: 1 actor restart(s), 1 learner restart(s), 1 lost (not replaced) "
         "(actor 0 ×1, learner ×1; lost: actor 1)"
@@ -143,8 +148,12 @@ def test_gpu_counts_are_checked_against_the_cluster():
 def test_the_rendezvous_comes_from_where_the_ranks_landed():
     """Rank 0's node and port for everyone; local ranks per node; each rank sees its node's
     learner GPUs and LOCAL_RANK points at its own (learner/dist.py: cuda:LOCAL_RANK)."""
-    places = [RankPlace("10.0.0.1", ("3",)), RankPlace("10.0.0.1", ("1",)),
-              RankPlace("10.0.0.2", ("0",)), RankPlace("10.0.0.2", ("5",))]  # fmt: skip
+    places = [
+        RankPlace("10.0.0.1", ("3",)),
+        RankPlace("10.0.0.1", ("1",)),
+        RankPlace("10.0.0.2", ("0",)),
+        RankPlace("10.0.0.2", ("5",)),
+    ]
     envs = rendezvous(places, 2, 29500)
     assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.1"}
     assert {e["MASTER_PORT"] for e in envs} == {"29500"}
@@ -163,9 +172,13 @@ def test_dry_run_on_ray_prints_the_placement_and_starts_nothing(tmp_path):
     request is printed, then refused in one line with exit 2, as without --dry-run."""
     env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
     store = tmp_path / "store"
-    shown = subprocess.run([*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store", str(store),
-                            "--dry-run", "--ray"], capture_output=True, text=True, env=env,
-                           timeout=120)  # fmt: skip
+    shown = subprocess.run(
+        [*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store", str(store), "--dry-run", "--ray"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     out = shown.stdout
     placed = "0 GPU(s) over 1 node" not in out
     assert shown.returncode == (0 if placed else 2), shown.stderr
@@ -178,9 +191,13 @@ def test_dry_run_on_ray_prints_the_placement_and_starts_nothing(tmp_path):
     if not placed:
         assert shown.stderr.strip().count("\n") == 0
         assert "error: cannot be placed: the run needs 8 GPU(s)" in shown.stderr
-        refused = subprocess.run([*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store",
-                                  str(store), "--ray"], capture_output=True, text=True, env=env,
-                                 timeout=120)  # fmt: skip
+        refused = subprocess.run(
+            [*GAGPO, "run", "--recipe", "gpu-alfworld-8", "--store", str(store), "--ray"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert refused.returncode == 2
         assert refused.stderr.strip().count("\n") == 0 and "needs 8 GPU(s)" in refused.stderr
         assert "ray:" not in refused.stdout  # no Ray instance started
@@ -275,8 +292,12 @@ def test_tiny_recipe_on_a_local_ray_instance(tmp_path):
     assert re.search(r"^\[actor 0\] groups \d+", out, re.M)
     assert re.search(r"^\[learner\] update 3/3", out, re.M)
     assert "ray: 0 actor restart(s), 0 learner restart(s), 0 lost (not replaced)" in out
-    assert re.search(r"^ray restarts: 0 actor restart\(s\), 0 learner restart\(s\), 0 lost "
-                     r"\(not replaced\); recorded in \S+/ray/restarts-\w+\.parquet$", out, re.M)  # fmt: skip
+    assert re.search(
+        r"^ray restarts: 0 actor restart\(s\), 0 learner restart\(s\), 0 lost "
+        r"\(not replaced\); recorded in \S+/ray/restarts-\w+\.parquet$",
+        out,
+        re.M,
+    )
     (recorded,) = (store_dir / "ray").glob("restarts-*.parquet")
     assert pq.read_table(recorded).num_rows == 0
     assert "policy_version" in out and re.search(r"groups: \d+ generated, \d+ trained", out)
@@ -297,8 +318,20 @@ def test_sigterm_stops_a_run_on_a_local_ray_instance():
     pytest.importorskip("ray")
     scratch = ray_scratch("t")
     env = {**os.environ, "RAY_TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"}
-    run = Run(["--recipe", "tiny", "--store", str(scratch / "store"), "--ray", "--no-warmstart",
-               *QUICK, "--set", "learner.updates=30"], env)  # fmt: skip
+    run = Run(
+        [
+            "--recipe",
+            "tiny",
+            "--store",
+            str(scratch / "store"),
+            "--ray",
+            "--no-warmstart",
+            *QUICK,
+            "--set",
+            "learner.updates=30",
+        ],
+        env,
+    )
     run.wait_for(r"^\[actor 0\] \(ray\) started pid")
     # Past its imports (a SIGINT during them is a traceback of Python's, not this test's case).
     run.wait_for(r"^\[learner\] (?!\(ray\))\S")
@@ -321,8 +354,13 @@ def cluster():
     and checked gone by pid."""
     ray = pytest.importorskip("ray")
     ray_tmp = ray_scratch("c")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(ray_tmp),
-             namespace=ray_run.NAMESPACE, log_to_driver=False)  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=str(ray_tmp),
+        namespace=ray_run.NAMESPACE,
+        log_to_driver=False,
+    )
     node = ray._private.worker._global_node
     pids = {p.process.pid for procs in node.all_processes.values() for p in procs}
     try:
@@ -343,8 +381,20 @@ def test_a_killed_actor_and_a_killed_learner_are_restarted(cluster, tmp_path):
     ray, address, _ = cluster
     store_dir = tmp_path / "store"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = Run(["--recipe", "tiny", "--store", str(store_dir), "--ray", address, *QUICK,
-                "--set", "learner.updates=5"], env)  # fmt: skip
+    run = Run(
+        [
+            "--recipe",
+            "tiny",
+            "--store",
+            str(store_dir),
+            "--ray",
+            address,
+            *QUICK,
+            "--set",
+            "learner.updates=5",
+        ],
+        env,
+    )
     names = run.wait_for(r"Ray actors (\S+), (\S+)\)")
     actor_name, learner_name = names.group(1), names.group(2)
     first_actor = int(run.wait_for(r"^\[actor 0\] \(ray\) started pid (\d+)").group(1))
@@ -416,8 +466,9 @@ def test_a_learner_of_two_ranks_placed_by_ray(cluster, tmp_path):
     plan = Plan([Process("learner", cmd, env={"OMP_NUM_THREADS": "1"}, ranks=2)])
     lines: list[str] = []
     config = RunConfig(learner_restarts=0, stop_timeout_s=30)
-    code = ray_run.run_on_ray(plan, config, lines.append, address=address,
-                              store=str(tmp_path / "two"), run_id="TWO")  # fmt: skip
+    code = ray_run.run_on_ray(
+        plan, config, lines.append, address=address, store=str(tmp_path / "two"), run_id="TWO"
+    )
     out = "\n".join(lines)
     assert code == 0, out[-3000:]
     assert re.search(

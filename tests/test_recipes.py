@@ -91,7 +91,9 @@ def test_run_recipe_tiny_end_to_end(tmp_path: Path):
     assert sorted(p.name for p in (store_dir / "policy").glob("v*")) == ["v0", "v1", "v2", "v3"]
     assert (store_dir / "report" / "summary.md").is_file()
     assert "policy_version  tasks  rollouts  success_rate  95% interval" in result.stdout
-    assert "policy_version  rollouts  success_rate  95% interval      valid_replies" in result.stdout
+    assert (
+        "policy_version  rollouts  success_rate  95% interval      valid_replies" in result.stdout
+    )
     assert re.search(r"held-out success: v0 [\d.]+% \[[\d.]+%, [\d.]+%\] → v3 ", result.stdout)
     assert re.search(r"groups: \d+ generated, \d+ trained, \d+ dropped as stale", result.stdout)
     assert f"report: {store_dir / 'report' / 'summary.md'}" in result.stdout

@@ -26,8 +26,15 @@ from gagpo.schemas.store import Store
 from tests.helpers.steps import make_steps
 
 ACTORS = [sys.executable, "-m", "gagpo.actors.cli"]
-ADVANTAGE_COLUMNS = ["return", "value_proxy", "next_value_proxy", "td_residual",
-                     "advantage_raw", "advantage", "state_group_size"]  # fmt: skip
+ADVANTAGE_COLUMNS = [
+    "return",
+    "value_proxy",
+    "next_value_proxy",
+    "td_residual",
+    "advantage_raw",
+    "advantage",
+    "state_group_size",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +42,34 @@ def real_store(tmp_path_factory) -> Path:
     """A store the real actor loop wrote: 12 one-group shards of sokoban with the tiny policy."""
     root = tmp_path_factory.mktemp("real") / "store"
     proc = subprocess.run(
-        [*ACTORS, "--env", "sokoban", "--policy", "tiny", "--store", str(root), "--groups", "12",
-         "--group-size", "4", "--max-turns", "5", "--max-new-tokens", "3",
-         "--groups-per-shard", "1", "--run-id", "real", "--seed", "3"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+        [
+            *ACTORS,
+            "--env",
+            "sokoban",
+            "--policy",
+            "tiny",
+            "--store",
+            str(root),
+            "--groups",
+            "12",
+            "--group-size",
+            "4",
+            "--max-turns",
+            "5",
+            "--max-new-tokens",
+            "3",
+            "--groups-per-shard",
+            "1",
+            "--run-id",
+            "real",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(Store(str(root)).list_shards()) == 12
     return root
@@ -145,8 +175,9 @@ def test_at_most_n_shards_in_flight(monkeypatch):
             return False
 
     monkeypatch.setattr(parallel, "_executor", lambda *a: Executor())
-    out = list(parallel.ordered_map(math.sqrt, [4, 9, 16, 25, 36, 49], workers=3,
-                                    backend="processes"))  # fmt: skip
+    out = list(
+        parallel.ordered_map(math.sqrt, [4, 9, 16, 25, 36, 49], workers=3, backend="processes")
+    )
     assert out == [2, 3, 4, 5, 6, 7]
     assert state["peak"] == 3
 
@@ -154,17 +185,22 @@ def test_at_most_n_shards_in_flight(monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--input", "x.parquet", "--out", "y.parquet", "--workers", "2"],
-         "--workers and --ray apply only with --store"),
+        (
+            ["--input", "x.parquet", "--out", "y.parquet", "--workers", "2"],
+            "--workers and --ray apply only with --store",
+        ),
         (["--store", "s", "--workers", "0"], "Invalid value for '--workers'"),
     ],
-)  # fmt: skip
+)
 def test_workers_misuse_is_one_line(tmp_path, args, message):
     (tmp_path / "x.parquet").write_bytes(b"")
     proc = subprocess.run(
-        [sys.executable, "-m", "gagpo.pipeline.cli", *args], cwd=tmp_path, capture_output=True,
-        text=True, timeout=60,
-    )  # fmt: skip
+        [sys.executable, "-m", "gagpo.pipeline.cli", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -180,9 +216,22 @@ def test_ray_equals_serial_on_a_real_store(real_store, tmp_path, monkeypatch):
     on_ray = _copy(real_store, tmp_path / "ray")
     _recompute(serial)
     proc = subprocess.run(
-        [sys.executable, "-m", "gagpo.pipeline.cli", "--store", str(on_ray), "--lam", "0.7",
-         "--workers", "2", "--ray"], capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gagpo.pipeline.cli",
+            "--store",
+            str(on_ray),
+            "--lam",
+            "0.7",
+            "--workers",
+            "2",
+            "--ray",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same_store(serial, on_ray)
     assert not _processes_under(ray_tmp), "a Ray process of the local instance is left"

@@ -37,8 +37,7 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess) -> str:
 
 def _gagpo(*args: str, env: dict | None = None, timeout: float = 120):
     start = time.monotonic()
-    proc = subprocess.run([*GAGPO, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)  # fmt: skip
+    proc = subprocess.run([*GAGPO, *args], capture_output=True, text=True, timeout=timeout, env=env)
     return proc, time.monotonic() - start
 
 
@@ -100,11 +99,19 @@ def test_bad_ray_addresses_end_each_command_within_the_bound(tmp_path):
     store = _store_with_shards(tmp_path / "S")
     cases = [
         ("run", "--recipe", "tiny", "--store", str(tmp_path / "run"), "--ray", "127.0.0.1:1"),
-        ("run", "--recipe", "tiny", "--store", str(tmp_path / "run"), "--ray",
-         "nosuchhost.invalid:6379", "--dry-run"),
+        (
+            "run",
+            "--recipe",
+            "tiny",
+            "--store",
+            str(tmp_path / "run"),
+            "--ray",
+            "nosuchhost.invalid:6379",
+            "--dry-run",
+        ),
         ("run", "--recipe", "tiny", "--store", str(tmp_path / "run"), "--ray", "127.0.0.1:99999"),
         ("advantages", "--store", str(store), "--workers", "2", "--ray", "127.0.0.1:1"),
-    ]  # fmt: skip
+    ]
     for args in cases:
         proc, took = _gagpo(*args, timeout=BOUND_S + 60)
         err = _one_line_exit_2(proc)
@@ -117,8 +124,10 @@ def test_bad_ray_addresses_end_each_command_within_the_bound(tmp_path):
 def test_a_join_that_never_completes_ends_with_one_line():
     """Past the probe, ray.init may still wait on a head that never accepts the driver (in
     native code no signal interrupts): the bound ends the process with one line, exit 2."""
-    code = ("import time\nfrom gagpo.pipeline import parallel\nparallel.JOIN_TIMEOUT_S = 0.5\n"
-            "with parallel._bounded_join('10.0.0.1:6379'):\n    time.sleep(60)\n")  # fmt: skip
+    code = (
+        "import time\nfrom gagpo.pipeline import parallel\nparallel.JOIN_TIMEOUT_S = 0.5\n"
+        "with parallel._bounded_join('10.0.0.1:6379'):\n    time.sleep(60)\n"
+    )
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert time.monotonic() - start < BOUND_S
@@ -136,8 +145,11 @@ def test_more_cpus_than_a_local_instance_has_are_refused(monkeypatch):
     monkeypatch.setattr(ray_run, "local_cpus", lambda: 2)
     plan = plan_for("tiny", "run.actors=64", gpus_visible=None)
     config = load_config(RunConfig, overrides={"actors": 64})
-    with pytest.raises(GagpoError, match=r"needs 65 CPU\(s\) \(actors: 64, learner: 1\); this "
-                       r"machine .* has 2 CPU\(s\).*accepted: fewer actors"):  # fmt: skip
+    with pytest.raises(
+        GagpoError,
+        match=r"needs 65 CPU\(s\) \(actors: 64, learner: 1\); this "
+        r"machine .* has 2 CPU\(s\).*accepted: fewer actors",
+    ):
         ray_run.check_on_ray(plan, config, None)
     ray_run.check_on_ray(plan_for("tiny", gpus_visible=None), load_config(RunConfig), None)
 
@@ -149,8 +161,18 @@ def test_an_oversized_run_on_ray_starts_nothing(tmp_path):
         pytest.skip("this machine holds 65 processes")
     ray_tmp = tmp_path / "ray"
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp)}
-    proc, took = _gagpo("run", "--recipe", "tiny", "--store", str(tmp_path / "s"), "--ray",
-                        "--no-warmstart", "--set", "run.actors=64", env=env)  # fmt: skip
+    proc, took = _gagpo(
+        "run",
+        "--recipe",
+        "tiny",
+        "--store",
+        str(tmp_path / "s"),
+        "--ray",
+        "--no-warmstart",
+        "--set",
+        "run.actors=64",
+        env=env,
+    )
     err = _one_line_exit_2(proc)
     assert "needs 65 CPU(s)" in err and took < BOUND_S
     assert not ray_tmp.exists() and not (tmp_path / "s").exists()
@@ -165,8 +187,11 @@ def test_the_run_stops_when_every_actor_has_failed():
     from gagpo.workflows.layout import Plan, Process
     from gagpo.workflows.run import _run_processes
 
-    fail = [sys.executable, "-c",
-            "import sys; print('gagpo-actors: error: unknown environment'); sys.exit(2)"]  # fmt: skip
+    fail = [
+        sys.executable,
+        "-c",
+        "import sys; print('gagpo-actors: error: unknown environment'); sys.exit(2)",
+    ]
     wait = [sys.executable, "-c", "import time; print('waiting', flush=True); time.sleep(300)"]
     plan = Plan([Process("actor 0", fail), Process("actor 1", fail), Process("learner", wait)])
     lines: list[str] = []
@@ -189,8 +214,9 @@ def test_the_wait_for_the_base_policy_says_so_and_ends(tmp_path, monkeypatch):
     monkeypatch.setattr(model, "WAIT_NOTE_S", 0.1)
     lines: list[str] = []
     with pytest.raises(GagpoError, match=r"did not appear within 0\.5s"):
-        model.resolve_policy("tiny", Store(str(tmp_path / "s")), poll_s=0.05, wait_s=0.5,
-                             echo=lines.append)  # fmt: skip
+        model.resolve_policy(
+            "tiny", Store(str(tmp_path / "s")), poll_s=0.05, wait_s=0.5, echo=lines.append
+        )
     assert lines[0].startswith("waiting for the actors to publish base policy 'tiny'")
     notes = [line for line in lines if line.startswith("still waiting")]
     assert notes and "0.5 s at most" in notes[0] and "gagpo-actors --policy tiny" in notes[0]
@@ -208,9 +234,18 @@ def test_a_run_whose_actors_fail_ends_with_their_line(tmp_path):
     (tmp_path / "lib" / "textarena").mkdir(parents=True)
     (tmp_path / "lib" / "textarena" / "__init__.py").write_text(BROKEN_TEXTARENA)
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "lib"), "OMP_NUM_THREADS": "1"}
-    proc, _ = _gagpo("run", "--recipe", "tiny", "--store", str(tmp_path / "s"),
-                     "--no-warmstart", "--set", "actors.env=textarena/Chess-v0",
-                     env=env, timeout=300)  # fmt: skip
+    proc, _ = _gagpo(
+        "run",
+        "--recipe",
+        "tiny",
+        "--store",
+        str(tmp_path / "s"),
+        "--no-warmstart",
+        "--set",
+        "actors.env=textarena/Chess-v0",
+        env=env,
+        timeout=300,
+    )
     err = _one_line_exit_2(proc)
     assert err.startswith("gagpo: error: every actor exited with an error"), err
     assert "'textarena' is installed but fails to import" in err and "SyntaxError" in err
@@ -223,13 +258,17 @@ def test_a_process_a_ray_host_starts_can_be_stopped_with_sigint():
     host starts must get SIGINT back, or `gagpo run --ray` cannot stop it between updates."""
     from gagpo.workflows.ray_run import _die_with_parent
 
-    probe = [sys.executable, "-c", "import signal; print(signal.SIGINT in "
-             "signal.pthread_sigmask(signal.SIG_BLOCK, []))"]  # fmt: skip
+    probe = [
+        sys.executable,
+        "-c",
+        "import signal; print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))",
+    ]
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         inherited = subprocess.run(probe, capture_output=True, text=True, timeout=60).stdout
-        unblocked = subprocess.run(probe, capture_output=True, text=True, timeout=60,
-                                   preexec_fn=_die_with_parent).stdout  # fmt: skip
+        unblocked = subprocess.run(
+            probe, capture_output=True, text=True, timeout=60, preexec_fn=_die_with_parent
+        ).stdout
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
     assert (inherited.strip(), unblocked.strip()) == ("True", "False")
@@ -240,9 +279,23 @@ def test_sigterm_stops_a_local_run_as_ctrl_c_does(tmp_path):
     """SIGTERM to `gagpo run` (no Ray): exit 130 and the closing line of an interrupted run;
     the learner and the actors it started are stopped and reaped."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([*GAGPO, "run", "--recipe", "tiny", "--store", str(tmp_path / "s"),
-                             "--no-warmstart", "--set", "learner.updates=30"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            *GAGPO,
+            "run",
+            "--recipe",
+            "tiny",
+            "--store",
+            str(tmp_path / "s"),
+            "--no-warmstart",
+            "--set",
+            "learner.updates=30",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     for line in proc.stdout:
         lines.append(line.rstrip())
@@ -285,22 +338,36 @@ def _without_table(text: str, table: str) -> str:
 
 RECIPE_CASES = {
     "empty": (lambda t: "", "has no [run] table"),
-    "actors-true": (lambda t: t.replace("actors = 1", "actors = true"),
-                    "[run]: config field 'actors': Input should be a valid integer (got True)"),
-    "bogus": (lambda t: t + "\n[bogus]\nx = 1\n",
-              "unknown table [bogus]; accepted: [actors], [learner], [run], [warmstart]"),
-    "warmstrat": (lambda t: t.replace("[warmstart]", "[warmstrat]"),
-                  "unknown table [warmstrat]; did you mean [warmstart]?"),
+    "actors-true": (
+        lambda t: t.replace("actors = 1", "actors = true"),
+        "[run]: config field 'actors': Input should be a valid integer (got True)",
+    ),
+    "bogus": (
+        lambda t: t + "\n[bogus]\nx = 1\n",
+        "unknown table [bogus]; accepted: [actors], [learner], [run], [warmstart]",
+    ),
+    "warmstrat": (
+        lambda t: t.replace("[warmstart]", "[warmstrat]"),
+        "unknown table [warmstrat]; did you mean [warmstart]?",
+    ),
     "no-actors": (lambda t: _without_table(t, "actors"), "has no [actors] table"),
-    "typo-key": (lambda t: t.replace("\n[run]\n", "\n[run]\nactorz = 2\n"),
-                 "[run]: unknown key 'actorz'; did you mean 'actors'?"),
-    "nested-typo": (lambda t: t.replace("\n[learner]\n", "\n[learner]\nloss = {eps_lo = 0.1}\n"),
-                    "[learner.loss]: unknown key 'eps_lo'; did you mean 'eps_low'?"),
-    "string-int": (lambda t: t.replace("\n[actors]\n", '\n[actors]\ngroups_in_flight = "4"\n'),
-                   "[actors]: config field 'groups_in_flight': Input should be a valid integer (got '4')"),
-    "gpu-id": (lambda t: t.replace("\n[run]\n", "\n[run]\nactor_gpus = [99999999999999999999]\n"),
-               "holds GPU id 99999999999999999999, not a device index"),
-}  # fmt: skip
+    "typo-key": (
+        lambda t: t.replace("\n[run]\n", "\n[run]\nactorz = 2\n"),
+        "[run]: unknown key 'actorz'; did you mean 'actors'?",
+    ),
+    "nested-typo": (
+        lambda t: t.replace("\n[learner]\n", "\n[learner]\nloss = {eps_lo = 0.1}\n"),
+        "[learner.loss]: unknown key 'eps_lo'; did you mean 'eps_low'?",
+    ),
+    "string-int": (
+        lambda t: t.replace("\n[actors]\n", '\n[actors]\ngroups_in_flight = "4"\n'),
+        "[actors]: config field 'groups_in_flight': Input should be a valid integer (got '4')",
+    ),
+    "gpu-id": (
+        lambda t: t.replace("\n[run]\n", "\n[run]\nactor_gpus = [99999999999999999999]\n"),
+        "holds GPU id 99999999999999999999, not a device index",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", sorted(RECIPE_CASES))
@@ -331,8 +398,14 @@ def test_a_dry_run_refuses_what_the_run_refuses(tmp_path, store, sets, said):
     (tmp_path / "file").write_text("not a store")
     for dry_run in (True, False):
         with pytest.raises(GagpoError, match=said):
-            run("tiny", str(tmp_path / store), warm=False, dry_run=dry_run, sets=sets,
-                echo=lambda line: None)  # fmt: skip
+            run(
+                "tiny",
+                str(tmp_path / store),
+                warm=False,
+                dry_run=dry_run,
+                sets=sets,
+                echo=lambda line: None,
+            )
     assert (tmp_path / "file").read_text() == "not a store" and not (tmp_path / "s").exists()
 
 
@@ -455,8 +528,15 @@ def test_gagpo_advantages_store_with_a_failing_key_function(tmp_path, key_module
     """Serial and with worker processes (a _RemoteTraceback before): one line, exit 2, and
     the failing shards are not quarantined (the data is fine; the function is not)."""
     store = _store_with_shards(tmp_path / "S")
-    proc, _ = _gagpo("advantages", "--store", str(store), "--workers", workers,
-                     "--state-grouping", f"normalized:{key_module}:{kind}")  # fmt: skip
+    proc, _ = _gagpo(
+        "advantages",
+        "--store",
+        str(store),
+        "--workers",
+        workers,
+        "--state-grouping",
+        f"normalized:{key_module}:{kind}",
+    )
     err = _one_line_exit_2(proc)
     assert f"normalized:{key_module}:{kind} " in err and re.search(KINDS[kind], err), err
     assert not (store / "quarantine").exists()
@@ -469,17 +549,53 @@ def test_the_learner_with_a_failing_key_function_is_one_line(tmp_path, key_modul
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     store = tmp_path / "S"
     actors = subprocess.run(
-        [sys.executable, "-m", "gagpo.actors.cli", "--env", "sokoban", "--policy", "tiny",
-         "--store", str(store), "--groups", "2", "--group-size", "2", "--max-turns", "3",
-         "--max-new-tokens", "3"], capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gagpo.actors.cli",
+            "--env",
+            "sokoban",
+            "--policy",
+            "tiny",
+            "--store",
+            str(store),
+            "--groups",
+            "2",
+            "--group-size",
+            "2",
+            "--max-turns",
+            "3",
+            "--max-new-tokens",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert actors.returncode == 0, actors.stderr[-2000:]
     spec = f"normalized:{key_module}:none_always"
     proc = subprocess.run(
-        [sys.executable, "-m", "gagpo.learner.cli", "--store", str(store), "--policy", "tiny",
-         "--updates", "1", "--set", "batch_groups=1", "--set",
-         f"estimator.state_grouping={spec}"], capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gagpo.learner.cli",
+            "--store",
+            str(store),
+            "--policy",
+            "tiny",
+            "--updates",
+            "1",
+            "--set",
+            "batch_groups=1",
+            "--set",
+            f"estimator.state_grouping={spec}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     err = _one_line_exit_2(proc)
     assert f"state_grouping {spec} returned NoneType None on group '" in err, err
 
@@ -496,8 +612,9 @@ def test_a_recompute_that_fails_midway_leaves_no_table(tmp_path, key_module):
     assert len(before) == 4
     spec = f"normalized:{key_module}:later"
     with pytest.raises(GagpoError, match="fails on a later shard"):
-        recompute_store(str(store), None,
-                        parse_estimator_config({"estimator": "gagpo", "state_grouping": spec}))  # fmt: skip
+        recompute_store(
+            str(store), None, parse_estimator_config({"estimator": "gagpo", "state_grouping": spec})
+        )
     assert sorted((store / "advantages").rglob("*.parquet")) == before
 
 

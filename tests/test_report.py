@@ -34,8 +34,14 @@ def test_report_writes_figures_and_summary(known_store, tmp_path):
         inspect, ["report", "--store", known_store.root, "--out", str(out)], catch_exceptions=False
     )
     assert result.exit_code == 0
-    names = {"learning_curves.png", "episodes.png", "advantages.png", "value_proxy.png",
-             "singleton_states.png", "credit_heatmap.png"}  # fmt: skip
+    names = {
+        "learning_curves.png",
+        "episodes.png",
+        "advantages.png",
+        "value_proxy.png",
+        "singleton_states.png",
+        "credit_heatmap.png",
+    }
     assert {p.name for p in out.glob("*.png")} == names
     for name in names:
         assert_png(out / name)
@@ -78,8 +84,10 @@ def test_report_on_steps_only_and_on_an_empty_store(tmp_path):
     store.write_shard(make_steps(groups=2, group_size=3), group_size=3)
     report = write_report(store, tmp_path / "steps-only")
     assert sorted(p.name for p in report.figures) == [
-        "episodes.png", "learning_curves.png", "singleton_states.png",
-    ]  # fmt: skip
+        "episodes.png",
+        "learning_curves.png",
+        "singleton_states.png",
+    ]
     assert "no advantages yet" in report.summary.read_text()
 
     (tmp_path / "empty").mkdir()
@@ -103,13 +111,15 @@ def test_two_stores_are_compared_on_shared_axes(tmp_path):
     for name in ("gagpo", "grpo"):
         store = Store(str(tmp_path / f"store-{name}"))
         for k in range(3):
-            store.write_shard(make_steps(shard_id=f"s{k}", groups=2, group_size=3,
-                                         policy_version=k), group_size=3)  # fmt: skip
+            store.write_shard(
+                make_steps(shard_id=f"s{k}", groups=2, group_size=3, policy_version=k), group_size=3
+            )
         recompute_store(store.url, None, parse_estimator_config({"estimator": name}))
         stores[name] = store
     done: list[str] = []
-    report = write_report([f"{n}={s.root}" for n, s in stores.items()], tmp_path / "r",
-                          progress=done.append)  # fmt: skip
+    report = write_report(
+        [f"{n}={s.root}" for n, s in stores.items()], tmp_path / "r", progress=done.append
+    )
     names = {p.name for p in report.figures}
     assert {
         "learning_curves.png",
@@ -144,10 +154,19 @@ def test_report_shows_the_heldout_evaluation(known_store, tmp_path):
 
     before = write_report(known_store.root, tmp_path / "before")
     table = pa.Table.from_pylist(
-        [{"policy_version": v, "rollouts": 16, "success_rate": s, "valid_rate": 1.0,
-          "mean_return": s, "task_seed": 7} for v, s in ((0, 0.25), (5, 0.75))],
+        [
+            {
+                "policy_version": v,
+                "rollouts": 16,
+                "success_rate": s,
+                "valid_rate": 1.0,
+                "mean_return": s,
+                "task_seed": 7,
+            }
+            for v, s in ((0, 0.25), (5, 0.75))
+        ],
         schema=C.HELDOUT_SCHEMA,
-    )  # fmt: skip
+    )
     known_store.write_parquet(table, known_store.path(EVAL, HELDOUT), {b"gagpo.eval": b"test"})
     after = write_report(known_store.root, tmp_path / "after")
     summary = after.summary.read_text()

@@ -27,21 +27,35 @@ def with_logprob(table: pa.Table, value: float) -> pa.Table:
 
 
 BAD = {
-    "future-version": (make_steps(shard_id="h", policy_version=10**12),
-                       "policy_version 1000000000000 is newer than the store's LATEST (v0)"),
-    "negative-version": (make_steps(shard_id="h", policy_version=-7),
-                         "policy_version -7 is negative"),
-    "nan-logprob": (with_logprob(make_steps(shard_id="h"), float("nan")),
-                    "behavior_logprobs holds nan at row 2"),
-    "inf-logprob": (with_logprob(make_steps(shard_id="h"), float("inf")),
-                    "behavior_logprobs holds inf at row 2"),
-    "minus-inf-logprob": (with_logprob(make_steps(shard_id="h"), float("-inf")),
-                          "behavior_logprobs holds -inf"),
-    "huge-negative-logprob": (with_logprob(make_steps(shard_id="h"), -1e30),
-                              "behavior_logprobs holds -1.0000000150474662e+30"),
-    "positive-logprob": (with_logprob(make_steps(shard_id="h"), 0.5),
-                         "behavior_logprobs holds 0.5 at row 2"),
-}  # fmt: skip
+    "future-version": (
+        make_steps(shard_id="h", policy_version=10**12),
+        "policy_version 1000000000000 is newer than the store's LATEST (v0)",
+    ),
+    "negative-version": (
+        make_steps(shard_id="h", policy_version=-7),
+        "policy_version -7 is negative",
+    ),
+    "nan-logprob": (
+        with_logprob(make_steps(shard_id="h"), float("nan")),
+        "behavior_logprobs holds nan at row 2",
+    ),
+    "inf-logprob": (
+        with_logprob(make_steps(shard_id="h"), float("inf")),
+        "behavior_logprobs holds inf at row 2",
+    ),
+    "minus-inf-logprob": (
+        with_logprob(make_steps(shard_id="h"), float("-inf")),
+        "behavior_logprobs holds -inf",
+    ),
+    "huge-negative-logprob": (
+        with_logprob(make_steps(shard_id="h"), -1e30),
+        "behavior_logprobs holds -1.0000000150474662e+30",
+    ),
+    "positive-logprob": (
+        with_logprob(make_steps(shard_id="h"), 0.5),
+        "behavior_logprobs holds 0.5 at row 2",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(BAD))

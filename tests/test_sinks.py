@@ -33,9 +33,17 @@ def test_tensorboard_events_hold_the_update_metrics_and_nulls_stay_out(tmp_path)
 
     store = Store(str(tmp_path / "store"))
     write_shards(store, 2)
-    cfg = LearnerConfig(store=store.url, policy=str(tiny_model_dir()), updates=2, batch_groups=2,
-                        lr=1e-2, idle_timeout_s=0.5, poll_interval_s=0.05, max_staleness=10,
-                        log_to=["tensorboard"])  # fmt: skip
+    cfg = LearnerConfig(
+        store=store.url,
+        policy=str(tiny_model_dir()),
+        updates=2,
+        batch_groups=2,
+        lr=1e-2,
+        idle_timeout_s=0.5,
+        poll_interval_s=0.05,
+        max_staleness=10,
+        log_to=["tensorboard"],
+    )
     lines: list[str] = []
     assert train(cfg, echo=lines.append).updates == 2
 
@@ -60,11 +68,26 @@ def test_what_is_computed_follows_the_settings():
     assert not_computed(cfg) == ("entropy", "kl_ref") and not clip_possible(cfg)
     cfg = LearnerConfig(store="s", mini_batches=2, loss={"entropy_coef": 0.01, "kl_coef": 0.1})
     assert not_computed(cfg) == () and clip_possible(cfg)
-    row = {"update": 3, "version": 3, "loss": 0.5, "entropy": 1.25, "kl_ref": 0.01,
-           "staleness_mean": 0.5, "staleness_max": 1, "behavior_weight_mean": 0.99,
-           "behavior_weight_max": 1.3, "mismatch_kl": 2e-4, "clip_frac": 0.125,
-           "approx_kl": 0.003, "grad_norm": 0.7, "lr": 1e-3, "tokens_per_s": 1234.0,
-           "groups": 4, "stale_groups": 1, "masked_actions": 0}  # fmt: skip
+    row = {
+        "update": 3,
+        "version": 3,
+        "loss": 0.5,
+        "entropy": 1.25,
+        "kl_ref": 0.01,
+        "staleness_mean": 0.5,
+        "staleness_max": 1,
+        "behavior_weight_mean": 0.99,
+        "behavior_weight_max": 1.3,
+        "mismatch_kl": 2e-4,
+        "clip_frac": 0.125,
+        "approx_kl": 0.003,
+        "grad_norm": 0.7,
+        "lr": 1e-3,
+        "tokens_per_s": 1234.0,
+        "groups": 4,
+        "stale_groups": 1,
+        "masked_actions": 0,
+    }
     line = progress_line(row, total=10, eta_s=3725, clip=True)
     assert line.startswith("update 3/10 → v3  ETA 1:02:05  loss +0.5000  entropy 1.250")
     assert "mismatch 2.0e-04" in line and "clip 0.125" in line and "masked" not in line

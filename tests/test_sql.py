@@ -245,14 +245,25 @@ def test_heldout_view_reads_the_runs_evaluation(known_store):
 
     assert rows(sql.open_store_db(known_store), "SELECT * FROM heldout") == []
     table = pa.Table.from_pylist(
-        [{"policy_version": v, "rollouts": 8, "success_rate": s, "valid_rate": 1.0,
-          "mean_return": 2.0 * s, "task_seed": 9} for v, s in ((10, 0.5), (0, 0.25))],
+        [
+            {
+                "policy_version": v,
+                "rollouts": 8,
+                "success_rate": s,
+                "valid_rate": 1.0,
+                "mean_return": 2.0 * s,
+                "task_seed": 9,
+            }
+            for v, s in ((10, 0.5), (0, 0.25))
+        ],
         schema=C.HELDOUT_SCHEMA,
-    )  # fmt: skip
+    )
     known_store.write_parquet(table, known_store.path(EVAL, HELDOUT), {b"gagpo.eval": b"test"})
     got = rows(sql.open_store_db(known_store), "SELECT policy_version, success_rate FROM heldout")
-    assert got == [{"policy_version": 0, "success_rate": 0.25},
-                   {"policy_version": 10, "success_rate": 0.5}]  # fmt: skip
+    assert got == [
+        {"policy_version": 0, "success_rate": 0.25},
+        {"policy_version": 10, "success_rate": 0.5},
+    ]
 
 
 def test_empty_store_views_work(store_dir):
@@ -481,8 +492,20 @@ def doc_queries_under(heading: str) -> list[str]:
 
 
 # (columns, rows) of each SQL block of the docs, in their order, on the known store
-DOC_ANSWERS = [(4, 2), (9, 5), (5, 1), (8, 4), (12, 3), (5, 2), (3, 2), (9, 6), (9, 3), (7, 2),
-               (10, 0), (2, 0)]  # fmt: skip
+DOC_ANSWERS = [
+    (4, 2),
+    (9, 5),
+    (5, 1),
+    (8, 4),
+    (12, 3),
+    (5, 2),
+    (3, 2),
+    (9, 6),
+    (9, 3),
+    (7, 2),
+    (10, 0),
+    (2, 0),
+]
 
 
 def test_docs_have_queries():
@@ -617,8 +640,11 @@ def test_spill_folder_is_private_and_removed(known_store, tmp_path):
     assert os.stat(spill).st_mode & 0o077 == 0  # private to this user
     assert con.execute("select current_setting('memory_limit')").fetchall()[0][0].startswith("61")
     # A sort bigger than the memory limit spills there, and only there.
-    table = sql.run_query(con, "select i from range(20000000) t(i) order by i desc limit 3",
-                          sql.Limits(memory_limit="64MB"))  # fmt: skip
+    table = sql.run_query(
+        con,
+        "select i from range(20000000) t(i) order by i desc limit 3",
+        sql.Limits(memory_limit="64MB"),
+    )
     assert table.column(0).to_pylist() == [19999999, 19999998, 19999997]
     with pytest.raises(GagpoError, match="query refused"):  # the query cannot move it
         sql.run_query(con, f"SET temp_directory = '{tmp_path / 'elsewhere'}'")
@@ -637,21 +663,28 @@ def test_parameters_are_values_never_sql(con, tmp_path):
     """`run_query(..., params=…)` binds values as a prepared statement does; the file and
     time bounds hold with them."""
     hostile = "a0' OR '1'='1"
-    assert sql.run_query(con, "SELECT count(*) AS n FROM steps WHERE traj_id = ?",
-                         params=[hostile]).column("n").to_pylist() == [0]  # fmt: skip
-    named = sql.run_query(con, "SELECT count(*) AS n FROM steps WHERE traj_id = $t",
-                          params={"t": "a0"})  # fmt: skip
+    assert sql.run_query(
+        con, "SELECT count(*) AS n FROM steps WHERE traj_id = ?", params=[hostile]
+    ).column("n").to_pylist() == [0]
+    named = sql.run_query(
+        con, "SELECT count(*) AS n FROM steps WHERE traj_id = $t", params={"t": "a0"}
+    )
     expected = rows(con, "SELECT count(*) AS n FROM steps WHERE traj_id = 'a0'")[0]["n"]
     assert named.column("n").to_pylist() == [expected] and expected > 0
-    listed = sql.run_query(con, "SELECT count(*) AS n FROM steps WHERE traj_id = ANY(?)",
-                           params=[["a0", "b0"]])  # fmt: skip
+    listed = sql.run_query(
+        con, "SELECT count(*) AS n FROM steps WHERE traj_id = ANY(?)", params=[["a0", "b0"]]
+    )
     assert listed.column("n")[0].as_py() > 0
     target = tmp_path / "out.csv"
     with pytest.raises(GagpoError, match="query refused"):
         sql.run_query(con, "COPY (SELECT ? AS x) TO '" + str(target) + "'", params=[1])
     assert not target.exists()
     with pytest.raises(GagpoError, match=r"time limit of 0\.5s"):
-        sql.run_query(con, "select count(*) from range(?)", sql.Limits(timeout_s=0.5),
-                      params=[10_000_000_000_000])  # fmt: skip
+        sql.run_query(
+            con,
+            "select count(*) from range(?)",
+            sql.Limits(timeout_s=0.5),
+            params=[10_000_000_000_000],
+        )
     with pytest.raises(GagpoError, match="query failed"):
         sql.run_query(con, "SELECT ? AS x")  # a placeholder without its value: one line

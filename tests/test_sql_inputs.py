@@ -68,9 +68,14 @@ def test_a_symlink_to_a_file_outside_the_store_is_never_read(tmp_path):
 
 
 def gagpo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gagpo.pipeline.inspect_cli", *args],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "gagpo.pipeline.inspect_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def one_error_line(result: subprocess.CompletedProcess) -> str:
@@ -114,13 +119,22 @@ def _dead_endpoint() -> str:
 def test_store_url_without_a_bucket_is_one_line(command, tmp_path):
     """`--store s3://` crashed in the error handler itself (IndexError on an empty message)."""
     module = {"actors": "gagpo.actors.cli", "learner": "gagpo.learner.cli"}[command]
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-           "AWS_ENDPOINT_URL": _dead_endpoint(), "AWS_MAX_ATTEMPTS": "1",
-           "GAGPO_STORE_RETRY_S": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_ENDPOINT_URL": _dead_endpoint(),
+        "AWS_MAX_ATTEMPTS": "1",
+        "GAGPO_STORE_RETRY_S": "1",
+    }
     result = subprocess.run(
         [sys.executable, "-m", module, "--store", "s3://", "--policy", "tiny", "--quiet"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert "IndexError" not in result.stderr
     one_error_line(result)
 
@@ -135,7 +149,12 @@ def test_first_line_of_an_exception_without_a_message():
 def test_binary_config_file_is_one_line(tmp_path, module):
     config = tmp_path / "config.toml"
     config.write_bytes(bytes(range(256)) * 4)
-    result = subprocess.run([sys.executable, "-m", module, "--config", str(config)],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     line = one_error_line(result)
     assert str(config) in line and "UTF-8" in line

@@ -61,9 +61,16 @@ def test_polling_store_sees_shards_two_processes_add(s3_endpoint, tmp_path):
 def actor_config(url: str, retry_s: float) -> ActorConfig:
     """Three groups in one shard: the first two wait in memory while the store is away."""
     return ActorConfig(
-        store=url, env="sokoban", policy="tiny", groups=3, group_size=2, max_turns=2,
-        groups_per_shard=3, seed=5, store_retry_s=retry_s,
-    )  # fmt: skip
+        store=url,
+        env="sokoban",
+        policy="tiny",
+        groups=3,
+        group_size=2,
+        max_turns=2,
+        groups_per_shard=3,
+        seed=5,
+        store_retry_s=retry_s,
+    )
 
 
 def test_actor_commits_after_an_outage_shorter_than_the_bound(emulator, tmp_path, caplog):

@@ -116,8 +116,15 @@ def test_learner_reads_publishes_and_resumes(stores):
     store, sibling = stores
     write_shards(store, 3)
     write_shards(sibling, 1)
-    cfg = dict(store=store.url, policy=str(tiny_model_dir()), batch_groups=2, keep_versions=1,
-               keep_checkpoints=1, idle_timeout_s=0.5, poll_interval_s=0.05)  # fmt: skip
+    cfg = dict(
+        store=store.url,
+        policy=str(tiny_model_dir()),
+        batch_groups=2,
+        keep_versions=1,
+        keep_checkpoints=1,
+        idle_timeout_s=0.5,
+        poll_interval_s=0.05,
+    )
     assert train(LearnerConfig(**cfg, updates=2)).updates == 2
     assert train(LearnerConfig(**cfg, updates=3, resume=True)).updates == 3
     assert store.latest_version() == 3
@@ -135,9 +142,26 @@ def _gagpo(*args: str) -> subprocess.CompletedProcess:
 def test_every_command_sees_the_data(tmp_path: Path):
     root = tmp_path / NAME
     url = str(root)
-    actors = [sys.executable, "-m", "gagpo.actors.cli", "--quiet", "--store", url,
-              "--env", "sokoban", "--policy", "tiny", "--groups", "4", "--group-size", "3",
-              "--max-turns", "4", "--seed", "1"]  # fmt: skip
+    actors = [
+        sys.executable,
+        "-m",
+        "gagpo.actors.cli",
+        "--quiet",
+        "--store",
+        url,
+        "--env",
+        "sokoban",
+        "--policy",
+        "tiny",
+        "--groups",
+        "4",
+        "--group-size",
+        "3",
+        "--max-turns",
+        "4",
+        "--seed",
+        "1",
+    ]
     done = subprocess.run(actors, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     store = Store(url)
@@ -145,8 +169,7 @@ def test_every_command_sees_the_data(tmp_path: Path):
     assert len(store.list_shards()) == 4 and steps > 0
 
     def count() -> int:
-        done = _gagpo("sql", "--store", url, "--format", "json",
-                      "SELECT count(*) AS n FROM steps")  # fmt: skip
+        done = _gagpo("sql", "--store", url, "--format", "json", "SELECT count(*) AS n FROM steps")
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)[0]["n"]
 

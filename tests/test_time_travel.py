@@ -46,9 +46,17 @@ def reversed_groups(shard_id: str, i: int) -> pa.Table:
 
 
 def learner_config(store: str, **extra) -> LearnerConfig:
-    return LearnerConfig(store=store, policy=str(tiny_model_dir()), batch_groups=B,
-                         max_staleness=100, lr=3e-3, micro_batch_tokens=96, poll_interval_s=0.05,
-                         idle_timeout_s=1.0, **extra)  # fmt: skip
+    return LearnerConfig(
+        store=store,
+        policy=str(tiny_model_dir()),
+        batch_groups=B,
+        max_staleness=100,
+        lr=3e-3,
+        micro_batch_tokens=96,
+        poll_interval_s=0.05,
+        idle_timeout_s=1.0,
+        **extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +85,13 @@ def test_sql_as_of_update_sees_the_groups_of_updates_up_to_u(trained: Store) -> 
         want = set().union(*(by_update[k] for k in range(1, u + 1)))
         got = query_store(trained.url, "SELECT DISTINCT group_id FROM steps", as_of_update=u)
         assert set(got[C.GROUP_ID].to_pylist()) == want
-        metrics = query_store(trained.url, 'SELECT max("update") AS u FROM learner_metrics',
-                              as_of_update=u)  # fmt: skip
+        metrics = query_store(
+            trained.url, 'SELECT max("update") AS u FROM learner_metrics', as_of_update=u
+        )
         assert metrics["u"].to_pylist() == [u]
-        versions = query_store(trained.url, "SELECT max(version) AS v FROM policy_versions",
-                               as_of_update=u)  # fmt: skip
+        versions = query_store(
+            trained.url, "SELECT max(version) AS v FROM policy_versions", as_of_update=u
+        )
         assert versions["v"].to_pylist() == [u]
     everything = query_store(trained.url, "SELECT count(DISTINCT group_id) AS n FROM steps")
     assert everything["n"].to_pylist() == [SHARDS * B]
@@ -90,8 +100,11 @@ def test_sql_as_of_update_sees_the_groups_of_updates_up_to_u(trained: Store) -> 
 def test_as_of_update_out_of_range_is_one_line(trained: Store) -> None:
     with pytest.raises(GagpoError, match=r"--as-of-update 99 is out of range; accepted: 0 … 6"):
         query_store(trained.url, "SELECT 1", as_of_update=99)
-    done = subprocess.run([GAGPO, "sql", "--store", trained.url, "--as-of-update", "99", "SELECT 1"],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [GAGPO, "sql", "--store", trained.url, "--as-of-update", "99", "SELECT 1"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
@@ -106,17 +119,25 @@ def test_advantages_as_of_update_writes_those_groups_under_their_own_tag(trained
     want = by_update[1] | by_update[2] | by_update[3]
     as_of = pl.read_parquet(root / f"{config.tag}@u3" / "*.parquet")
     assert set(as_of[C.GROUP_ID].to_list()) == want
-    every = pl.read_parquet(root / config.tag / "*.parquet").filter(pl.col(C.GROUP_ID).is_in(list(want)))
+    every = pl.read_parquet(root / config.tag / "*.parquet").filter(
+        pl.col(C.GROUP_ID).is_in(list(want))
+    )
     keys = [C.TRAJ_ID, C.STEP]
     # per group, the same numbers as the full recompute (group normalisation stays per group)
-    assert as_of.sort(keys).select([*keys, C.ADVANTAGE]).equals(every.sort(keys).select([*keys, C.ADVANTAGE]))
+    assert (
+        as_of.sort(keys)
+        .select([*keys, C.ADVANTAGE])
+        .equals(every.sort(keys).select([*keys, C.ADVANTAGE]))
+    )
 
 
 def test_replay_as_of_update_trains_the_original_batches(trained: Store, tmp_path: Path) -> None:
     """--replay S --as-of-update 4 with the same B: update k trains the groups the original
     learner trained in its update k, for k = 1..4."""
     replay = tmp_path / "replay"
-    summary = train(learner_config(str(replay), updates=4, replay=trained.url, replay_as_of_update=4))
+    summary = train(
+        learner_config(str(replay), updates=4, replay=trained.url, replay_as_of_update=4)
+    )
     assert summary.updates == 4
     original, again = groups_by_update(trained), groups_by_update(Store(str(replay)))
     assert again == {k: original[k] for k in range(1, 5)}

@@ -22,12 +22,20 @@ from tests.view_fixtures import cli_advantages, cli_csv, serving, view_store
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's (the Makefile installs it); Playwright's own is not used
 if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip("chromium is not installed (apt-get install chromium): browser tests skipped",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "chromium is not installed (apt-get install chromium): browser tests skipped",
+        allow_module_level=True,
+    )
 
 __all__ = ["view_store"]  # the fixture, imported for pytest
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]  # fmt: skip
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 TIMEOUT_MS = 30_000
 
@@ -94,8 +102,12 @@ def test_run_page_to_a_group_and_its_advantages_under_each_estimator(
     for estimator, fields, flags in [
         ("grpo", {}, ["--estimator", "grpo"]),
         ("gigpo", {"gamma": "0.9"}, ["--estimator", "gigpo", "--gamma", "0.9"]),
-        ("gagpo", {"gamma": "0.9", "lam": "0.6"}, ["--estimator", "gagpo", "--gamma", "0.9", "--lam", "0.6"]),
-    ]:  # fmt: skip
+        (
+            "gagpo",
+            {"gamma": "0.9", "lam": "0.6"},
+            ["--estimator", "gagpo", "--gamma", "0.9", "--lam", "0.6"],
+        ),
+    ]:
         choose(page, estimator, **fields)
         expected = cli_advantages(view_store, group, tmp_path / f"{estimator}.parquet", *flags)
         shown = shown_advantages(page)
@@ -106,9 +118,16 @@ def test_run_page_to_a_group_and_its_advantages_under_each_estimator(
 
 def test_clicking_a_state_highlights_exactly_its_pool(page: Page, view_store):
     tag = query_store(view_store, "SELECT estimator FROM estimators")["estimator"][0].as_py()
-    group, state = query_store(view_store, f"""
+    group, state = (
+        query_store(
+            view_store,
+            f"""
         SELECT group_id, state_key FROM state_pools WHERE estimator = '{tag}'
-        ORDER BY pool_visits DESC, group_id, state_key LIMIT 1""").to_pylist()[0].values()  # fmt: skip
+        ORDER BY pool_visits DESC, group_id, state_key LIMIT 1""",
+        )
+        .to_pylist()[0]
+        .values()
+    )
     page.goto(f"/group?store=demo&group={group}&estimator=stored:{tag}")
     page.wait_for_selector(".step")
     cell = page.locator(".step", has=page.locator("pre.state", has_text=state)).first
@@ -118,13 +137,16 @@ def test_clicking_a_state_highlights_exactly_its_pool(page: Page, view_store):
             ".step.in-pool", "els => els.map(e => [e.dataset.traj, +e.dataset.step])"
         )
     )
-    pool = query_store(view_store, f"""
+    pool = query_store(
+        view_store,
+        f"""
         SELECT s.traj_id, s.step, p.pool_visits FROM steps s
         JOIN state_pools p ON p.group_id = s.group_id AND p.state_key = s.state_key
         WHERE p.estimator = '{tag}' AND s.group_id = '{group}' AND p.pool_id =
             (SELECT pool_id FROM state_pools WHERE estimator = '{tag}' AND group_id = '{group}'
              AND state_key = '{state.replace("'", "''")}')
-        ORDER BY s.traj_id, s.step""").to_pylist()  # fmt: skip
+        ORDER BY s.traj_id, s.step""",
+    ).to_pylist()
     assert highlighted == [[r["traj_id"], r["step"]] for r in pool]
     assert int(page.inner_text("#pool-size")) == pool[0]["pool_visits"] == len(highlighted)
     IMG.mkdir(parents=True, exist_ok=True)
@@ -132,8 +154,10 @@ def test_clicking_a_state_highlights_exactly_its_pool(page: Page, view_store):
 
 
 def test_the_compare_page(page: Page, view_store):
-    group = query_store(view_store, "SELECT group_id FROM groups ORDER BY max_return - min_return "
-                        "DESC, group_id LIMIT 1")["group_id"][0].as_py()  # fmt: skip
+    group = query_store(
+        view_store,
+        "SELECT group_id FROM groups ORDER BY max_return - min_return DESC, group_id LIMIT 1",
+    )["group_id"][0].as_py()
     page.goto(f"/compare?store=demo&group={group}")
     page.wait_for_selector("#compare-table td.adv-cell")
     assert page.locator("#summaries tbody tr").count() == 4
@@ -143,13 +167,19 @@ def test_the_compare_page(page: Page, view_store):
     traj = page.eval_on_selector("#traj option:nth-child(2)", "o => o.value")
     page.select_option("#traj", traj)  # one rollout: its turns only
     page.wait_for_selector(f"#title:has-text('{traj}')")  # CSP: no string eval in the page
-    assert page.locator("#compare-table tbody tr").count() == query_store(
-        view_store, f"SELECT count(*) AS n FROM steps WHERE traj_id = '{traj}'")["n"][0].as_py()  # fmt: skip
+    assert (
+        page.locator("#compare-table tbody tr").count()
+        == query_store(view_store, f"SELECT count(*) AS n FROM steps WHERE traj_id = '{traj}'")[
+            "n"
+        ][0].as_py()
+    )
 
 
 def test_the_sql_page_equals_gagpo_sql_csv(page: Page, view_store):
-    query = ("SELECT group_id, traj_id, step, reward, action_valid, won "
-             "FROM steps ORDER BY group_id, traj_id, step LIMIT 40")  # fmt: skip
+    query = (
+        "SELECT group_id, traj_id, step, reward, action_valid, won "
+        "FROM steps ORDER BY group_id, traj_id, step LIMIT 40"
+    )
     page.goto("/sql")
     page.fill("#query", query)
     page.click("#run-sql")

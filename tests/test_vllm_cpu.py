@@ -64,11 +64,19 @@ def write_model(folder: Path, seed: int = 0) -> Path:
     tokenizer = tiny.build_tiny_tokenizer(vocab)
     ids = tokenizer.convert_tokens_to_ids
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=32, intermediate_size=128,
-        max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=ids(tiny.BOS),
-        eos_token_id=ids(tiny.EOS), pad_token_id=ids(tiny.PAD),
-    )  # fmt: skip
+        vocab_size=len(vocab),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=ids(tiny.BOS),
+        eos_token_id=ids(tiny.EOS),
+        pad_token_id=ids(tiny.PAD),
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
@@ -77,9 +85,10 @@ def write_model(folder: Path, seed: int = 0) -> Path:
                 if p.dim() > 1:
                     p.normal_(0.0, 0.5)
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
-    )  # fmt: skip
+    )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -94,11 +103,13 @@ def model_dir(tmp_path_factory) -> Path:
 def policy(model_dir: Path):
     """One engine for the module: float32, eager, LoRA on, a 64 MiB KV cache (vLLM's CPU
     default takes most of the machine's memory)."""
-    settings = VllmSettings(dtype="float32", enforce_eager=True, enable_lora=True,
-                            max_lora_rank=8, max_model_len=512)  # fmt: skip
+    settings = VllmSettings(
+        dtype="float32", enforce_eager=True, enable_lora=True, max_lora_rank=8, max_model_len=512
+    )
     sampling = SamplingConfig(temperature=TEMPERATURE, max_new_tokens=MAX_NEW_TOKENS)
-    policy = VLLMPolicy(model_dir, sampling=sampling, settings=settings,
-                        kv_cache_memory_bytes=64 << 20)  # fmt: skip
+    policy = VLLMPolicy(
+        model_dir, sampling=sampling, settings=settings, kv_cache_memory_bytes=64 << 20
+    )
     yield policy
     core = getattr(policy.engine.llm_engine, "engine_core", None)
     if hasattr(core, "shutdown"):
@@ -125,10 +136,13 @@ def reference_logprobs(model, prompt: list[int], action: list[int], temperature:
 def max_gap(model, prompt, samples, temperature: float = TEMPERATURE) -> float:
     """Largest |recorded − reference| log-prob over every sampled token of `samples`."""
     return max(
-        float((reference_logprobs(model, prompt, s.token_ids, temperature)
-               - torch.tensor(s.logprobs)).abs().max())
+        float(
+            (reference_logprobs(model, prompt, s.token_ids, temperature) - torch.tensor(s.logprobs))
+            .abs()
+            .max()
+        )
         for s in samples
-    )  # fmt: skip
+    )
 
 
 def perturbed(folder: Path, seed: int, scale: float = 0.3):
@@ -158,8 +172,9 @@ def base(policy, model_dir: Path):
 def test_a_group_is_one_engine_call_seeded_per_prompt(base, prompt, monkeypatch):
     calls = []
     generate = base.engine.generate
-    monkeypatch.setattr(base.engine, "generate",
-                        lambda *a, **k: calls.append(a) or generate(*a, **k))  # fmt: skip
+    monkeypatch.setattr(
+        base.engine, "generate", lambda *a, **k: calls.append(a) or generate(*a, **k)
+    )
     samples = base.generate([prompt] * GROUP, seed=5)
     assert len(calls) == 1 and len(calls[0][0]) == GROUP  # the whole group, one call
     assert len(samples) == GROUP
@@ -184,8 +199,11 @@ def test_stop_strings_end_a_reply_at_their_first_occurrence(base, prompt, monkey
     def decode(tokens):
         return tokenizer.decode(tokens, skip_special_tokens=True)
 
-    k = next(k for k in range(2, len(ids) - 1)
-             if ids[k] not in tokenizer.all_special_ids and decode([ids[k]]) not in decode(ids[:k]))  # fmt: skip
+    k = next(
+        k
+        for k in range(2, len(ids) - 1)
+        if ids[k] not in tokenizer.all_special_ids and decode([ids[k]]) not in decode(ids[:k])
+    )
     word = decode([ids[k]])
     monkeypatch.setattr(base, "stop", (word,))
     stopped = base.generate([prompt] * GROUP, seed=7)
@@ -294,8 +312,9 @@ def play(policy, groups: int, in_flight: int, *, switch=None, env=None):
 
     results = []
     with Slots(env or (lambda: Sokoban(max_turns=4)), in_flight * GROUP) as slots:
-        runner = Rollouts(slots, policy, group_size=GROUP, history_window=1,
-                          capacity=in_flight, run_id="r")  # fmt: skip
+        runner = Rollouts(
+            slots, policy, group_size=GROUP, history_window=1, capacity=in_flight, run_id="r"
+        )
         assert runner.continuous
         k = 0
         while len(results) < groups:
@@ -312,8 +331,17 @@ def play(policy, groups: int, in_flight: int, *, switch=None, env=None):
 
 def rows(result):
     c = result.columns
-    return list(zip(c["traj_id"], c["step"], c["action_ids"], c["behavior_logprobs"],
-                    c["prompt_ids"], c["policy_version"], strict=True))  # fmt: skip
+    return list(
+        zip(
+            c["traj_id"],
+            c["step"],
+            c["action_ids"],
+            c["behavior_logprobs"],
+            c["prompt_ids"],
+            c["policy_version"],
+            strict=True,
+        )
+    )
 
 
 def test_groups_in_flight_play_the_groups_of_one_at_a_time(base, model_dir):
@@ -321,15 +349,20 @@ def test_groups_in_flight_play_the_groups_of_one_at_a_time(base, model_dir):
     continuous batching replays K = 1 (float noise aside), and every recorded log-prob is
     the served weights' own."""
     one, four = play(base, 4, 1), play(base, 4, 4)
-    assert [r.task.task_seed for r in one] == [r.task.task_seed for r in four] == [100, 101, 102, 103]
+    assert (
+        [r.task.task_seed for r in one] == [r.task.task_seed for r in four] == [100, 101, 102, 103]
+    )
     assert all(r.rollouts == GROUP and len(set(r.columns["traj_id"])) == GROUP for r in four)
     same = sum(rows(a) == rows(b) for a, b in zip(one, four, strict=True))
     assert same >= 3, f"only {same} of 4 groups replayed exactly"
     model = hf_model(model_dir)
     for result in four:
         for _, _, action, logprobs, prompt, _ in rows(result):
-            gap = (reference_logprobs(model, prompt, action, TEMPERATURE)
-                   - torch.tensor(logprobs)).abs().max()  # fmt: skip
+            gap = (
+                (reference_logprobs(model, prompt, action, TEMPERATURE) - torch.tensor(logprobs))
+                .abs()
+                .max()
+            )
             assert float(gap) < TOLERANCE
 
 
@@ -354,7 +387,13 @@ def test_a_version_loaded_between_turns_is_recorded_step_by_step(base, model_dir
     assert any(len(r.versions) == 2 for r in results), "no group spanned the reload"
     for result in results:
         for _, _, action, logprobs, prompt, version in rows(result):
-            gap = (reference_logprobs(models[version], prompt, action, TEMPERATURE)
-                   - torch.tensor(logprobs)).abs().max()  # fmt: skip
+            gap = (
+                (
+                    reference_logprobs(models[version], prompt, action, TEMPERATURE)
+                    - torch.tensor(logprobs)
+                )
+                .abs()
+                .max()
+            )
             assert float(gap) < TOLERANCE
     base.load_version(model_dir, 0)

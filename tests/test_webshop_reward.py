@@ -71,8 +71,12 @@ OPTION_CASES = [
     ("size medium !~ large (ratio 18)", ["medium"], {"size": "large"}, 0),
     ("size XL !~ X-Large (ratio 22)", ["XL"], {"size": "X-Large"}, 0),
     # -- the issue's 6 cases: counted per goal option, once (the inner loop breaks)
-    ("two chosen options matching one goal option count once", ["large"],
-     {"size": "large", "fit": "large"}, 1),
+    (
+        "two chosen options matching one goal option count once",
+        ["large"],
+        {"size": "large", "fit": "large"},
+        1,
+    ),
     ("one chosen option may satisfy two goal options", ["large", "x-large"], {"size": "large"}, 2),
     # -- the issue's 3 cases: normalize.py's full COLOR_SET, first colour in its order
     ("maroon red -> maroon (maroon precedes red)", ["maroon"], {"color": "maroon red"}, 1),
@@ -82,13 +86,27 @@ OPTION_CASES = [
     ("standard -> tan on both sides", ["standard"], {"style": "standard"}, 1),
     ("standard -> tan !~ deluxe", ["standard"], {"style": "deluxe"}, 0),
     # -- WebShop's test_goal.py, test_get_option_reward
-    ("test_goal exact", ["grey", "XL", "pack of 12"], {"a": "pack of 12", "b": "grey", "c": "XL"}, 3),
-    ("test_goal partial", ["grey", "XL", "pack of 12"], {"a": "pack of 12", "b": "blue", "c": "XL"}, 2),
-    ("test_goal fuzzy", ["cool powder snow", "XL", "pack of 12"],
-     {"a": "pack of 12", "b": "powder snow", "c": "XL"}, 3),
+    (
+        "test_goal exact",
+        ["grey", "XL", "pack of 12"],
+        {"a": "pack of 12", "b": "grey", "c": "XL"},
+        3,
+    ),
+    (
+        "test_goal partial",
+        ["grey", "XL", "pack of 12"],
+        {"a": "pack of 12", "b": "blue", "c": "XL"},
+        2,
+    ),
+    (
+        "test_goal fuzzy",
+        ["cool powder snow", "XL", "pack of 12"],
+        {"a": "pack of 12", "b": "powder snow", "c": "XL"},
+        3,
+    ),
     ("test_goal empty goal", [], {"a": "goal 1", "b": "goal 2"}, 0),
     ("test_goal empty purchase", ["goal 1", "goal 2"], {}, 0),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -122,18 +140,34 @@ def test_the_colour_list_is_normalize_py_colour_set():
 
 ATTRIBUTE_CASES = [
     # WebShop's test_goal.py, test_get_attribute_reward
-    ("exact (essential oil ~ essential oils)", ["tea tree", "essential oil", "natural ingredients"],
-     "", (), "", 3),
+    (
+        "exact (essential oil ~ essential oils)",
+        ["tea tree", "essential oil", "natural ingredients"],
+        "",
+        (),
+        "",
+        3,
+    ),
     ("partial", ["essential oil", "natural ingredients"], "", (), "", 2),
-    ("found in bullets and description", [], "",
-     ("This shampoo has essential oils and smells like lemons",),
-     "Best shampoo on the market, made with natural ingredients", 2),
-    ("no match", ["tea bag", "earl gray", "lipton"], "English tea for breakfast",
-     ("Soothing aroma", "Calming, great feeling"),
-     "Best tea made by Lipton, great to pair with breakfast", 0),
+    (
+        "found in bullets and description",
+        [],
+        "",
+        ("This shampoo has essential oils and smells like lemons",),
+        "Best shampoo on the market, made with natural ingredients",
+        2,
+    ),
+    (
+        "no match",
+        ["tea bag", "earl gray", "lipton"],
+        "English tea for breakfast",
+        ("Soothing aroma", "Calming, great feeling"),
+        "Best tea made by Lipton, great to pair with breakfast",
+        0,
+    ),
     # the text fallback compares the goal attribute as written with lower-cased text
     ("title is lower-cased, the goal attribute is not", [], "Tea Tree Shampoo", (), "", 1),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -186,16 +220,25 @@ def test_get_reward_cases_of_webshop_test_goal():
 # WebShop's test_get_type_reward name pairs: (goal name, bought name, spaCy's title score
 # as that test asserts it, the stand-in's, r_type both give).
 NAME_PAIRS = [
-    ("Mens D.O.N. Issue 2 Gca Basketball Sneakers Shoes Casual - Off White",
-     "PEAK High Top Mens Basketball Shoes Lou Williams Streetball Master Breathable Non Slip Outdoor Sneakers",
-     0.333, 4 / 9),
-    ("Saireed UL Listed 2 Prong Power Cord for JBL Bar 3.1 Bar 2.1 Channel 4K Ultra HD Soundbar Home Theater System Subwoofer",
-     "BRST AC Power Cord Outlet Socket Cable Plug Lead for Panasonic SC-HT830V DVD/VCR Combo Home Theater System",
-     0.3, 5 / 16),
-    ("Saireed UL Listed 2 Prong Power Cord for JBL Bar 3.1 Bar 2.1 Channel 4K Ultra HD Soundbar",
-     "BRST AC Power Cord Outlet Socket Cable Plug Lead for Panasonic SC-HT830V DVD/VCR Combo Home Theater System",
-     0.15, 1 / 6),
-]  # fmt: skip
+    (
+        "Mens D.O.N. Issue 2 Gca Basketball Sneakers Shoes Casual - Off White",
+        "PEAK High Top Mens Basketball Shoes Lou Williams Streetball Master Breathable Non Slip Outdoor Sneakers",
+        0.333,
+        4 / 9,
+    ),
+    (
+        "Saireed UL Listed 2 Prong Power Cord for JBL Bar 3.1 Bar 2.1 Channel 4K Ultra HD Soundbar Home Theater System Subwoofer",
+        "BRST AC Power Cord Outlet Socket Cable Plug Lead for Panasonic SC-HT830V DVD/VCR Combo Home Theater System",
+        0.3,
+        5 / 16,
+    ),
+    (
+        "Saireed UL Listed 2 Prong Power Cord for JBL Bar 3.1 Bar 2.1 Channel 4K Ultra HD Soundbar",
+        "BRST AC Power Cord Outlet Socket Cable Plug Lead for Panasonic SC-HT830V DVD/VCR Combo Home Theater System",
+        0.15,
+        1 / 6,
+    ),
+]
 
 
 def _r_type(title_score: float, match: bool) -> float:

@@ -31,8 +31,25 @@ def run(args: list[str]) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def view_store(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("view") / "store"
-    run([*ACTORS, "--store", str(root), "--env", "sokoban", "--policy", "tiny", "--groups", "4",
-         "--group-size", "4", "--max-turns", "20", "--seed", "0"])  # fmt: skip
+    run(
+        [
+            *ACTORS,
+            "--store",
+            str(root),
+            "--env",
+            "sokoban",
+            "--policy",
+            "tiny",
+            "--groups",
+            "4",
+            "--group-size",
+            "4",
+            "--max-turns",
+            "20",
+            "--seed",
+            "0",
+        ]
+    )
     run([*GAGPO, "advantages", "--store", str(root)])
     return root
 
@@ -88,8 +105,10 @@ def raw_get(base: str, target: str, headers: str = "") -> tuple[int, str]:
     """GET `target` byte for byte (no client normalises `..` or `%2e`); (status, body)."""
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}"
-                     "Connection: close\r\n\r\n".encode())  # fmt: skip
+        conn.sendall(
+            f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}"
+            "Connection: close\r\n\r\n".encode()
+        )
         data = b""
         while chunk := conn.recv(65536):
             data += chunk

@@ -15,7 +15,11 @@ from gagpo.schemas.cli import run_cli
 
 # name -> (module, attribute, one-line summary)
 SUBCOMMANDS = {
-    "run": ("gagpo.workflows.run_cli", "run_command", "Run actors and learner together from a recipe."),
+    "run": (
+        "gagpo.workflows.run_cli",
+        "run_command",
+        "Run actors and learner together from a recipe.",
+    ),
     "warmstart": (
         "gagpo.workflows.warmstart_cli",
         "warmstart_command",

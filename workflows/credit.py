@@ -56,8 +56,10 @@ def oracle_of(env: str) -> type[StepOracle]:
     """Environment `env`'s step oracle, or a one-line error: the comparison needs one."""
     oracle = step_oracle(env)
     if oracle is None:
-        raise GagpoError(f"environment {env!r} declares no step oracle; accepted: an "
-                         "environment whose class has optimal_moves and parse_move (sokoban)")  # fmt: skip
+        raise GagpoError(
+            f"environment {env!r} declares no step oracle; accepted: an "
+            "environment whose class has optimal_moves and parse_move (sokoban)"
+        )
     return oracle
 
 
@@ -68,17 +70,25 @@ def label(steps: pl.DataFrame, oracle: type[StepOracle] | None = None) -> pl.Dat
     if oracle is None:
         envs = steps[C.ENV].unique().to_list() if steps.height else ["sokoban"]
         if len(envs) != 1:
-            raise GagpoError(f"steps of several environments ({', '.join(map(str, envs))}); "
-                             "accepted: the steps of one environment")  # fmt: skip
+            raise GagpoError(
+                f"steps of several environments ({', '.join(map(str, envs))}); "
+                "accepted: the steps of one environment"
+            )
         oracle = oracle_of(envs[0])
     replies = (
         steps.select(C.ACTION_TEXT)
         .unique()
         .with_columns(move=pl.col(C.ACTION_TEXT).map_elements(oracle.parse_move, pl.String))
     )
-    states = steps.select(C.STATE_KEY).unique().with_columns(
-        best=pl.col(C.STATE_KEY).map_elements(lambda k: sorted(oracle.optimal_moves(k)),
-                                              pl.List(pl.String)))  # fmt: skip
+    states = (
+        steps.select(C.STATE_KEY)
+        .unique()
+        .with_columns(
+            best=pl.col(C.STATE_KEY).map_elements(
+                lambda k: sorted(oracle.optimal_moves(k)), pl.List(pl.String)
+            )
+        )
+    )
     return (
         steps.select(C.TRAJ_ID, C.STEP, C.POLICY_VERSION, C.GROUP_ID, C.STATE_KEY, C.ACTION_TEXT)
         .join(replies, on=C.ACTION_TEXT)
@@ -174,13 +184,16 @@ def read_steps(store, env: str = "sokoban", columns=STEP_COLUMNS) -> pl.DataFram
     if steps.height == 0:
         raise GagpoError(f"no committed shard in {store.url}; accepted: a store a run wrote")
     if (steps[C.ENV] != env).any():
-        raise GagpoError(f"the store holds steps of other environments than {env}; accepted: "
-                         f"a store of --env {env} runs only")  # fmt: skip
+        raise GagpoError(
+            f"the store holds steps of other environments than {env}; accepted: "
+            f"a store of --env {env} runs only"
+        )
     return steps
 
 
-def compare(store_url: str, run_estimator: EstimatorConfig | None = None,
-            env: str = "sokoban") -> Comparison:  # fmt: skip
+def compare(
+    store_url: str, run_estimator: EstimatorConfig | None = None, env: str = "sokoban"
+) -> Comparison:
     """Recompute the store's steps under each estimator (committed under advantages/<tag>/)
     and measure each one's credit against `env`'s step oracle."""
     from gagpo.pipeline.recompute import recompute_store
@@ -195,21 +208,28 @@ def compare(store_url: str, run_estimator: EstimatorConfig | None = None,
     for name, config in estimators(run_estimator):
         recompute_store(store_url, None, config)
         files = [store.advantages_path(config.tag, i) for i in step_files(store).ids()]
-        adv = pl.concat([pl.from_arrow(store.read_table(
-            f, [C.GROUP_ID, C.TRAJ_ID, C.STEP, C.ADVANTAGE])) for f in files if store.exists(f)])  # fmt: skip
+        adv = pl.concat(
+            [
+                pl.from_arrow(store.read_table(f, [C.GROUP_ID, C.TRAJ_ID, C.STEP, C.ADVANTAGE]))
+                for f in files
+                if store.exists(f)
+            ]
+        )
         tables[name] = adv
         x = adv[C.ADVANTAGE].to_numpy()
         q1, q3 = np.quantile(x, [0.25, 0.75])
         scored = labelled.join(adv.drop(C.GROUP_ID), on=[C.TRAJ_ID, C.STEP])
-        rows.append({
-            "estimator": name,
-            "tag": config.tag,
-            "steps": len(x),
-            "zero_share": float((np.abs(x) < ZERO).mean()),
-            "iqr": float(q3 - q1),
-            **credit_auc(scored),
-            "labelled_steps": scored.height,
-        })  # fmt: skip
+        rows.append(
+            {
+                "estimator": name,
+                "tag": config.tag,
+                "steps": len(x),
+                "zero_share": float((np.abs(x) < ZERO).mean()),
+                "iqr": float(q3 - q1),
+                **credit_auc(scored),
+                "labelled_steps": scored.height,
+            }
+        )
     return Comparison(rows, steps.height, labelled, tables)
 
 
@@ -217,12 +237,16 @@ def table(comparison: Comparison) -> str:
     """The printed credit table."""
     c = comparison
     optimal = c.labelled["optimal"].mean() if c.labelled.height else float("nan")
-    lines = [f"credit on this run's own {c.steps} steps, recomputed (no training); the solver "
-             f"labels {c.labelled.height} moves ({optimal:.0%} optimal)",
-             "estimator      zero_advantage  advantage_IQR  credit_AUC  within_a_state"]  # fmt: skip
+    lines = [
+        f"credit on this run's own {c.steps} steps, recomputed (no training); the solver "
+        f"labels {c.labelled.height} moves ({optimal:.0%} optimal)",
+        "estimator      zero_advantage  advantage_IQR  credit_AUC  within_a_state",
+    ]
     for r in c.rows:
-        lines.append(f"{r['estimator']:<13}  {r['zero_share']:>14.1%}  {r['iqr']:>13.3f}  "
-                     f"{r['auc']:>10.3f}  {r['state_auc']:>14.3f}")  # fmt: skip
+        lines.append(
+            f"{r['estimator']:<13}  {r['zero_share']:>14.1%}  {r['iqr']:>13.3f}  "
+            f"{r['auc']:>10.3f}  {r['state_auc']:>14.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -234,8 +258,8 @@ def pick_trajectory(comparison: Comparison) -> str | None:
     preferably in a group where GRPO gives no credit at all, then of the newest version,
     with the most labelled moves, then the smallest id."""
     lab = comparison.labelled.group_by(C.TRAJ_ID).agg(
-        version=pl.col(C.POLICY_VERSION).max(), labelled=pl.len(),
-        optimal=pl.col("optimal").sum())  # fmt: skip
+        version=pl.col(C.POLICY_VERSION).max(), labelled=pl.len(), optimal=pl.col("optimal").sum()
+    )
     lab = lab.filter((pl.col("optimal") > 0) & (pl.col("optimal") < pl.col("labelled")))
     if not lab.height:
         return None
@@ -245,8 +269,10 @@ def pick_trajectory(comparison: Comparison) -> str | None:
     )
     silent = silent.explode("trajs").select(pl.col("trajs").alias(C.TRAJ_ID), "silent")
     best = lab.join(silent, on=C.TRAJ_ID, how="left").sort(
-        ["silent", "version", "labelled", C.TRAJ_ID], descending=[True, True, True, False],
-        nulls_last=True)  # fmt: skip
+        ["silent", "version", "labelled", C.TRAJ_ID],
+        descending=[True, True, True, False],
+        nulls_last=True,
+    )
     return best[C.TRAJ_ID][0]
 
 
@@ -267,8 +293,14 @@ def credit_figure(comparison: Comparison, traj_id: str, path: Path) -> Path:
     for i, (name, adv) in enumerate(comparison.advantages.items()):
         one = adv.filter(pl.col(C.TRAJ_ID) == traj_id).sort(C.STEP)
         turns = one[C.STEP].to_list()
-        ax.plot(turns, one[C.ADVANTAGE].to_list(), "o-", markersize=4, label=name,
-                color=plt.get_cmap("tab10")(i))  # fmt: skip
+        ax.plot(
+            turns,
+            one[C.ADVANTAGE].to_list(),
+            "o-",
+            markersize=4,
+            label=name,
+            color=plt.get_cmap("tab10")(i),
+        )
     optimal = dict(zip(marks[C.STEP].to_list(), marks["optimal"].to_list(), strict=True))
     moves = dict(zip(marks[C.STEP].to_list(), marks["move"].to_list(), strict=True))
     for t in turns:
@@ -288,13 +320,16 @@ def credit_figure(comparison: Comparison, traj_id: str, path: Path) -> Path:
     return path
 
 
-def credit_report(store_url: str, run_estimator: EstimatorConfig | None, out_dir: Path,
-                  env: str = "sokoban") -> tuple[Comparison, list[str]]:  # fmt: skip
+def credit_report(
+    store_url: str, run_estimator: EstimatorConfig | None, out_dir: Path, env: str = "sokoban"
+) -> tuple[Comparison, list[str]]:
     """Compare, draw the figure into `out_dir`; the comparison and its printed lines (the
     table, the SQL query to rerun, where the figure is)."""
     comparison = compare(store_url, run_estimator, env)
-    lines = [table(comparison),
-             f'rerun (zero share, IQR): gagpo sql --store {store_url} "{SQL_QUERY}"']  # fmt: skip
+    lines = [
+        table(comparison),
+        f'rerun (zero share, IQR): gagpo sql --store {store_url} "{SQL_QUERY}"',
+    ]
     traj = pick_trajectory(comparison)
     if traj is None:
         lines.append("credit figure: none (no trajectory with optimal and other moves labelled)")

@@ -44,12 +44,23 @@ def play(actors: ActorConfig, store: str | None = None) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="gagpo-eval-") as scratch:
         url = store or scratch
-        config = actors.model_copy(update={"store": url, "follow": False, "run_id": "eval",
-                                           "groups_per_shard": actors.groups, "expert": False})  # fmt: skip
+        config = actors.model_copy(
+            update={
+                "store": url,
+                "follow": False,
+                "run_id": "eval",
+                "groups_per_shard": actors.groups,
+                "expert": False,
+            }
+        )
         summary = run_actor(config)
         valid, steps, total = rollout_totals(Store(url))
-    return {"rollouts": summary.rollouts, "success_rate": summary.success_rate,
-            "valid_rate": valid / max(steps, 1), "mean_return": total / max(summary.rollouts, 1)}  # fmt: skip
+    return {
+        "rollouts": summary.rollouts,
+        "success_rate": summary.success_rate,
+        "valid_rate": valid / max(steps, 1),
+        "mean_return": total / max(summary.rollouts, 1),
+    }
 
 
 def rollout_totals(store: Store) -> tuple[int, int, float]:
@@ -72,16 +83,19 @@ def evaluate_version(
     return {"policy_version": version, **played, "task_seed": seed}
 
 
-def evaluate_run(store_url: str, actors: ActorConfig, *, groups: int, every: int, seed: int,
-                 echo=print) -> list[dict]:  # fmt: skip
+def evaluate_run(
+    store_url: str, actors: ActorConfig, *, groups: int, every: int, seed: int, echo=print
+) -> list[dict]:
     """Evaluate the run's kept versions on held-out tasks; write and return the rows."""
     store = Store(store_url)
     rows = []
     versions = versions_to_evaluate(store, every)
     for i, version in enumerate(versions, 1):
         rows.append(evaluate_version(store, version, actors, groups=groups, seed=seed))
-        echo(f"held-out evaluation: v{version} ({i}/{len(versions)}): "
-             f"success {rows[-1]['success_rate']:.1%}")  # fmt: skip
+        echo(
+            f"held-out evaluation: v{version} ({i}/{len(versions)}): "
+            f"success {rows[-1]['success_rate']:.1%}"
+        )
     meta = {b"gagpo.eval": f"groups={groups} group_size={actors.group_size} seed={seed}".encode()}
     store.write_parquet(
         pa.Table.from_pylist(rows, schema=C.HELDOUT_SCHEMA), layout.heldout(store.root), meta
@@ -96,11 +110,15 @@ def _interval(row: dict) -> str:
 
 def table(rows: list[dict], groups: int, group_size: int) -> str:
     """The printed held-out table, each success rate with its 95 % Wilson interval."""
-    lines = [f"held-out evaluation: the same {groups} tasks × {group_size} rollouts for every version",
-             "policy_version  rollouts  success_rate  95% interval      valid_replies  mean_return"]  # fmt: skip
+    lines = [
+        f"held-out evaluation: the same {groups} tasks × {group_size} rollouts for every version",
+        "policy_version  rollouts  success_rate  95% interval      valid_replies  mean_return",
+    ]
     for r in rows:
-        lines.append(f"{r['policy_version']:>14}  {r['rollouts']:>8}  {r['success_rate']:>12.1%}  "
-                     f"{_interval(r):<16}  {r['valid_rate']:>13.1%}  {r['mean_return']:>11.3f}")  # fmt: skip
+        lines.append(
+            f"{r['policy_version']:>14}  {r['rollouts']:>8}  {r['success_rate']:>12.1%}  "
+            f"{_interval(r):<16}  {r['valid_rate']:>13.1%}  {r['mean_return']:>11.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -108,7 +126,11 @@ def change(rows: list[dict]) -> str:
     """'held-out success: v0 a % [interval] → vN b % [interval], +x points (±y)', first to
     last evaluated version (±: the 95 % interval of the difference, pipeline/intervals.py)."""
     first, last = rows[0], rows[-1]
-    return (f"held-out success: v{first['policy_version']} {first['success_rate']:.1%} "
-            f"{_interval(first)} → v{last['policy_version']} {last['success_rate']:.1%} "
-            f"{_interval(last)}, " + change_line(first["success_rate"], first["rollouts"],
-                                                 last["success_rate"], last["rollouts"]))  # fmt: skip
+    return (
+        f"held-out success: v{first['policy_version']} {first['success_rate']:.1%} "
+        f"{_interval(first)} → v{last['policy_version']} {last['success_rate']:.1%} "
+        f"{_interval(last)}, "
+        + change_line(
+            first["success_rate"], first["rollouts"], last["success_rate"], last["rollouts"]
+        )
+    )

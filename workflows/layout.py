@@ -118,9 +118,21 @@ def plan_run(
     python = sys.executable
     processes = []
     for i in range(n_actors):
-        cmd = [python, "-m", "gagpo.actors.cli", "--config", str(recipe), "--store", store,
-               "--follow", "--run-id", run_id,
-               "--seed", str(actors.seed + i * SEED_STRIDE), *actor_args]  # fmt: skip
+        cmd = [
+            python,
+            "-m",
+            "gagpo.actors.cli",
+            "--config",
+            str(recipe),
+            "--store",
+            store,
+            "--follow",
+            "--run-id",
+            run_id,
+            "--seed",
+            str(actors.seed + i * SEED_STRIDE),
+            *actor_args,
+        ]
         gpus: tuple[int, ...] = ()
         env = dict(common)
         if run.actor_gpus:
@@ -128,23 +140,48 @@ def plan_run(
             env |= {"CUDA_VISIBLE_DEVICES": str(gpus[0]), GPU_MEMORY_SHARE_ENV: f"{actor_share:g}"}
             cmd += ["--device", "cuda", "--set", f"vllm.gpu_memory_utilization={actor_share:g}"]
         processes.append(Process(f"actor {i}", cmd, gpus, actor_share if gpus else None, env))
-    learner_cmd = [python, "-m", "gagpo.learner.cli", "--config", str(recipe), "--store", store,
-                   *learner_args]  # fmt: skip
+    learner_cmd = [
+        python,
+        "-m",
+        "gagpo.learner.cli",
+        "--config",
+        str(recipe),
+        "--store",
+        store,
+        *learner_args,
+    ]
     env = dict(common)
     gpus = tuple(run.learner_gpus)
     if gpus:
-        env |= {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
-                GPU_MEMORY_SHARE_ENV: f"{learner_share:g}"}  # fmt: skip
+        env |= {
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+            GPU_MEMORY_SHARE_ENV: f"{learner_share:g}",
+        }
         learner_cmd += ["--set", "device=cuda"]
     rank_cmd: list[str] = []
     if len(gpus) > 1:
         # torchrun on one node: one rank per GPU, each on cuda:LOCAL_RANK of its list. With
         # --ray, Ray starts `rank_cmd` once per rank instead, with the rendezvous (ray_placement.py).
         rank_cmd = learner_cmd
-        learner_cmd = [python, "-m", "torch.distributed.run", "--standalone",
-                       f"--nproc-per-node={len(gpus)}", *learner_cmd[1:]]  # fmt: skip
-    processes.append(Process("learner", learner_cmd, gpus, learner_share if gpus else None, env,
-                             max(1, len(gpus)), rank_cmd))  # fmt: skip
+        learner_cmd = [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={len(gpus)}",
+            *learner_cmd[1:],
+        ]
+    processes.append(
+        Process(
+            "learner",
+            learner_cmd,
+            gpus,
+            learner_share if gpus else None,
+            env,
+            max(1, len(gpus)),
+            rank_cmd,
+        )
+    )
     return Plan(processes)
 
 
@@ -154,13 +191,18 @@ def _check_ids(run, gpus_visible: int | None) -> None:
         if any(i < 0 for i in ids):
             raise GagpoError(f"run.{name} = {ids} holds a negative GPU id; accepted: 0, 1, …")
         if any(i > MAX_GPU_ID for i in ids):
-            raise GagpoError(f"run.{name} holds GPU id {max(ids)}, not a device index; "
-                             f"accepted: ids 0..{MAX_GPU_ID}, one per GPU of a node")  # fmt: skip
+            raise GagpoError(
+                f"run.{name} holds GPU id {max(ids)}, not a device index; "
+                f"accepted: ids 0..{MAX_GPU_ID}, one per GPU of a node"
+            )
         if gpus_visible is not None and ids and max(ids) >= gpus_visible:
-            seen = "no GPU is visible" if gpus_visible == 0 else f"{gpus_visible} GPU(s) are visible"
+            seen = (
+                "no GPU is visible" if gpus_visible == 0 else f"{gpus_visible} GPU(s) are visible"
+            )
             raise GagpoError(
                 f"run.{name} names GPU {max(ids)} but {seen}; accepted: ids 0..{gpus_visible - 1}"
-                if gpus_visible else f"run.{name} names GPU {max(ids)} but {seen}; accepted: "
+                if gpus_visible
+                else f"run.{name} names GPU {max(ids)} but {seen}; accepted: "
                 "a machine with CUDA GPUs, or leave actor_gpus and learner_gpus out"
             )
     if len(set(run.learner_gpus)) != len(run.learner_gpus):

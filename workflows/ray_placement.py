@@ -107,12 +107,15 @@ def _fewest_nodes(ranks: int, rank_gpu: float, node_gpus: list[float] | None) ->
 
 
 # What to ask for less of, when the cluster lacks GPUs or CPUs (a CPU per actor and per rank).
-FEWER = {"GPU": "fewer run.actor_gpus / run.learner_gpus",
-         "CPU": "fewer actors (--actors, [run] actors) or learner ranks"}  # fmt: skip
+FEWER = {
+    "GPU": "fewer run.actor_gpus / run.learner_gpus",
+    "CPU": "fewer actors (--actors, [run] actors) or learner ranks",
+}
 
 
-def check_cluster(placement: Placement, total: dict[str, float], nodes: list[dict],
-                  where: str = "the Ray cluster") -> None:  # fmt: skip
+def check_cluster(
+    placement: Placement, total: dict[str, float], nodes: list[dict], where: str = "the Ray cluster"
+) -> None:
     """The placement against a cluster: `total` is `ray.cluster_resources()`, `nodes` each
     alive node's resources. One line naming what is missing and what is accepted. GPUs and
     CPUs alike: a run Ray cannot place would wait, with its placement groups pending."""
@@ -129,8 +132,11 @@ def check_cluster(placement: Placement, total: dict[str, float], nodes: list[dic
     for key in ("GPU", "CPU"):
         wide = sum(1 for n in nodes if n.get(key, 0.0) + 1e-9 >= per_node.get(key, 0.0))
         if wide < placement.learner_nodes:
-            where = "one node" if placement.learner_nodes == 1 else (
-                f"each of {placement.learner_nodes} nodes")  # fmt: skip
+            where = (
+                "one node"
+                if placement.learner_nodes == 1
+                else (f"each of {placement.learner_nodes} nodes")
+            )
             raise GagpoError(
                 f"the learner's {placement.ranks} rank(s) need {per_node.get(key, 0.0):g} {key}(s) on "
                 f"{where}, and {wide} node(s) have that many{have}; accepted: run.learner_nodes "
@@ -138,8 +144,10 @@ def check_cluster(placement: Placement, total: dict[str, float], nodes: list[dic
             )
     biggest = max((n.get("GPU", 0.0) for n in nodes), default=0.0)
     if any(b.get("GPU", 0.0) > biggest + 1e-9 for b in placement.actor_bundles):
-        raise GagpoError(f"an actor needs a GPU{have}; accepted: a cluster with GPUs, or no "
-                         "run.actor_gpus (actors on CPU)")  # fmt: skip
+        raise GagpoError(
+            f"an actor needs a GPU{have}; accepted: a cluster with GPUs, or no "
+            "run.actor_gpus (actors on CPU)"
+        )
 
 
 def _sum(bundles: list[dict[str, float]], key: str) -> float:
@@ -148,8 +156,10 @@ def _sum(bundles: list[dict[str, float]], key: str) -> float:
 
 def describe_resources(total: dict[str, float], nodes: list[dict]) -> str:
     gpus = ", ".join(f"{n.get('GPU', 0.0):g}" for n in nodes)
-    return (f"{total.get('CPU', 0.0):g} CPU(s) and {total.get('GPU', 0.0):g} GPU(s) over "
-            f"{len(nodes)} node(s) (GPUs per node: {gpus or 'none'})")  # fmt: skip
+    return (
+        f"{total.get('CPU', 0.0):g} CPU(s) and {total.get('GPU', 0.0):g} GPU(s) over "
+        f"{len(nodes)} node(s) (GPUs per node: {gpus or 'none'})"
+    )
 
 
 # --- the learner's rendezvous ------------------------------------------------------------------
@@ -174,9 +184,15 @@ def rendezvous(places: list[RankPlace], per_node: int, port: int) -> list[dict[s
     for rank, here in enumerate(places):
         first = rank - rank % per_node
         node = places[first : first + per_node]
-        env = {"MASTER_ADDR": places[0].node_ip, "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank - first),
-               "LOCAL_WORLD_SIZE": str(len(node)), "GROUP_RANK": str(rank // per_node)}  # fmt: skip
+        env = {
+            "MASTER_ADDR": places[0].node_ip,
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank - first),
+            "LOCAL_WORLD_SIZE": str(len(node)),
+            "GROUP_RANK": str(rank // per_node),
+        }
         visible = sorted({g for p in node for g in p.gpu_ids}, key=_gpu_order)
         if here.gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
@@ -194,8 +210,10 @@ def _gpu_order(gpu: str):
 
 def describe(plan: Plan, placement: Placement, resources: str) -> str:
     """The placement as `gagpo run --dry-run --ray` prints it."""
-    lines = [f"ray placement: {len(plan.actors)} actor(s) and the learner ({placement.ranks} "
-             f"rank(s) on {placement.learner_nodes} node(s)); against {resources}"]  # fmt: skip
+    lines = [
+        f"ray placement: {len(plan.actors)} actor(s) and the learner ({placement.ranks} "
+        f"rank(s) on {placement.learner_nodes} node(s)); against {resources}"
+    ]
     lines.append(f"  placement group gagpo-RUN-actors, strategy {ACTORS_STRATEGY}:")
     for i, (p, bundle) in enumerate(zip(plan.actors, placement.actor_bundles, strict=True)):
         lines.append(f"    bundle {i}: {_bundle(bundle):<18} {p.label}")
@@ -203,8 +221,10 @@ def describe(plan: Plan, placement: Placement, resources: str) -> str:
     for b, bundle in enumerate(placement.learner_bundles):
         ranks = range(b * placement.per_node, (b + 1) * placement.per_node)
         each = f" ({placement.rank_gpu:g} GPU each)" if placement.rank_gpu else ""
-        lines.append(f"    bundle {b}: {_bundle(bundle):<18} learner rank(s) "
-                     f"{', '.join(map(str, ranks))}{each}")  # fmt: skip
+        lines.append(
+            f"    bundle {b}: {_bundle(bundle):<18} learner rank(s) "
+            f"{', '.join(map(str, ranks))}{each}"
+        )
     if placement.ranks > 1:
         lines.append(
             f"  rendezvous: MASTER_ADDR = rank 0's node, MASTER_PORT = a port free there (chosen "
@@ -214,8 +234,10 @@ def describe(plan: Plan, placement: Placement, resources: str) -> str:
     else:
         lines.append("  rendezvous: none (one rank); the learner runs:")
     lines.append(f"    {' '.join(plan.learner.per_rank)}")
-    lines.append("  actors run the commands of the plain plan (gagpo run --dry-run without --ray); "
-                 "Ray sets each process's CUDA_VISIBLE_DEVICES")  # fmt: skip
+    lines.append(
+        "  actors run the commands of the plain plan (gagpo run --dry-run without --ray); "
+        "Ray sets each process's CUDA_VISIBLE_DEVICES"
+    )
     return "\n".join(lines)
 
 

@@ -145,10 +145,16 @@ class _Child:
 
     def _spawn(self, cmd: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            cmd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
-            cwd=self.cwd if os.path.isdir(self.cwd) else None, preexec_fn=_die_with_parent,
-        )  # fmt: skip
+            cmd,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            errors="replace",
+            cwd=self.cwd if os.path.isdir(self.cwd) else None,
+            preexec_fn=_die_with_parent,
+        )
         self._reader = threading.Thread(target=self._relay, args=(self.proc,), daemon=True)
         self._reader.start()
 
@@ -164,8 +170,14 @@ class _Child:
         with self._lock:
             lines, self.lines = self.lines, []
         proc = self.proc
-        return HostState(lines, None if proc is None else proc.poll(), self.incarnation,
-                         0 if proc is None else proc.pid, self.node, self.node_id)  # fmt: skip
+        return HostState(
+            lines,
+            None if proc is None else proc.poll(),
+            self.incarnation,
+            0 if proc is None else proc.pid,
+            self.node,
+            self.node_id,
+        )
 
     def stop(self, sig: int, timeout: float) -> HostState:
         """`sig` to the process if it runs; SIGKILL after `timeout` seconds."""
@@ -228,8 +240,9 @@ class RankHost(_Child):
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def launch(self, cmd: list[str], env: dict[str, str], incarnation: int, rank: int,
-               world: int) -> HostState:  # fmt: skip
+    def launch(
+        self, cmd: list[str], env: dict[str, str], incarnation: int, rank: int, world: int
+    ) -> HostState:
         self.stop(signal.SIGKILL, 1.0)  # a previous incarnation's process, if any is left
         self.incarnation = incarnation
         self._spawn(cmd, env)
@@ -251,8 +264,7 @@ def _new_run_id() -> str:
 
 
 def _flags(cmd: list[str]) -> str:
-    shown = [f"{flag} {cmd[cmd.index(flag) + 1]}" for flag in ("--run-id", "--seed")
-             if flag in cmd]  # fmt: skip
+    shown = [f"{flag} {cmd[cmd.index(flag) + 1]}" for flag in ("--run-id", "--seed") if flag in cmd]
     return " ".join(shown + (["--resume"] if "--resume" in cmd else []))
 
 
@@ -348,11 +360,18 @@ class _Held:
     placing: tuple[float, str, str] | None = None  # (since, cause, run id) of a host placed again
 
 
-def _event(process: str, incarnation: int, run_id: str | None, cause: str,
-           replaced: bool = True) -> dict:  # fmt: skip
+def _event(
+    process: str, incarnation: int, run_id: str | None, cause: str, replaced: bool = True
+) -> dict:
     """A row of STORE/ray/restarts-<run id>.parquet: a restart, or a process lost for good."""
-    return {"process": process, "incarnation": incarnation, "run_id": run_id, "cause": cause,
-            "replaced": replaced, "at": time.time()}  # fmt: skip
+    return {
+        "process": process,
+        "incarnation": incarnation,
+        "run_id": run_id,
+        "cause": cause,
+        "replaced": replaced,
+        "at": time.time(),
+    }
 
 
 def run_on_ray(plan: Plan, config, echo, *, address: str | None, store: str, run_id: str) -> int:
@@ -382,8 +401,11 @@ def _run_placed(
     learner = _Learner(ray, name, plan.learner, placement, config, events, echo)
     groups = [learner.group]
     if placement.actor_bundles:  # none in a plan of the learner alone (a test's)
-        groups.append(placement_group(placement.actor_bundles, strategy=ACTORS_STRATEGY,
-                                      name=f"{name}-actors"))  # fmt: skip
+        groups.append(
+            placement_group(
+                placement.actor_bundles, strategy=ACTORS_STRATEGY, name=f"{name}-actors"
+            )
+        )
     actor_host = ray.remote(ProcessHost)
 
     def new_actor_host(h: _Held, run_id: str):
@@ -392,15 +414,19 @@ def _run_placed(
         bundle = placement.actor_bundles[h.bundle]
         suffix = f"-r{h.incarnation}" if h.incarnation else ""
         return actor_host.options(
-            name=f"{name}-{h.label.replace(' ', '-')}{suffix}", num_cpus=bundle["CPU"],
-            num_gpus=bundle.get("GPU", 0.0), max_restarts=0, max_task_retries=0,
+            name=f"{name}-{h.label.replace(' ', '-')}{suffix}",
+            num_cpus=bundle["CPU"],
+            num_gpus=bundle.get("GPU", 0.0),
+            max_restarts=0,
+            max_task_retries=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(groups[-1], h.bundle),
-        ).remote(plan.actors[h.bundle], os.getcwd(), len(plan.actors), h.incarnation, run_id)  # fmt: skip
+        ).remote(plan.actors[h.bundle], os.getcwd(), len(plan.actors), h.incarnation, run_id)
 
     actors: list[_Held] = []
     try:
-        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups),
-                            timeout=config.place_timeout_s)  # fmt: skip
+        ready, _ = ray.wait(
+            [g.ready() for g in groups], num_returns=len(groups), timeout=config.place_timeout_s
+        )
         if len(ready) < len(groups):
             raise GagpoError(
                 f"the Ray cluster cannot place this run within {config.place_timeout_s:g} s: it "
@@ -414,9 +440,11 @@ def _run_placed(
             actors.append(h)
         learner.make_hosts()
         names = ", ".join(f"{name}-{h.label.replace(' ', '-')}" for h in actors + learner.hosts)
-        echo(f"ray: {len(plan.actors)} actor(s) and the learner ({placement.ranks} rank(s) on "
-             f"{placement.learner_nodes} node(s)) placed (placement groups "
-             f"{name}-learner{f', {name}-actors' if len(groups) > 1 else ''}; Ray actors {names})")  # fmt: skip
+        echo(
+            f"ray: {len(plan.actors)} actor(s) and the learner ({placement.ranks} rank(s) on "
+            f"{placement.learner_nodes} node(s)) placed (placement groups "
+            f"{name}-learner{f', {name}-actors' if len(groups) > 1 else ''}; Ray actors {names})"
+        )
         learner.launch(None)
         return _supervise(ray, actors, learner, config, echo, events, new_actor_host)
     finally:
@@ -427,8 +455,15 @@ def _run_placed(
             _stop_all(ray, actors, learner, config, echo)
         for h in actors:
             if h.placing is not None:  # placed again, and no node held it before the end
-                events.append(_event(h.label, h.incarnation, None, f"{h.placing[1]}; the run "
-                                     "ended before a node could hold it", replaced=False))  # fmt: skip
+                events.append(
+                    _event(
+                        h.label,
+                        h.incarnation,
+                        None,
+                        f"{h.placing[1]}; the run ended before a node could hold it",
+                        replaced=False,
+                    )
+                )
         with contextlib.suppress(Exception):
             echo(_restarts_text(events))
             write_restarts(store, run_id, events)
@@ -446,8 +481,16 @@ class _Learner:
     when one fails, as torchrun fails the job when one rank does. When a rank's host died
     (its node lost), the ranks go to a new placement group, on the nodes that remain."""
 
-    def __init__(self, ray, name: str, process: Process, placement: Placement, config,
-                 events: list[dict], echo):  # fmt: skip
+    def __init__(
+        self,
+        ray,
+        name: str,
+        process: Process,
+        placement: Placement,
+        config,
+        events: list[dict],
+        echo,
+    ):
         self.ray, self.name, self.placement, self.echo = ray, name, placement, echo
         self.restarts, self.timeout = config.learner_restarts, config.place_timeout_s
         self.events = events
@@ -464,8 +507,11 @@ class _Learner:
         from ray.util.placement_group import placement_group
 
         suffix = f"-r{self.incarnation + 1}" if self.groups else ""
-        group = placement_group(self.placement.learner_bundles, name=f"{self.name}-learner{suffix}",
-                                strategy=self.placement.learner_strategy)  # fmt: skip
+        group = placement_group(
+            self.placement.learner_bundles,
+            name=f"{self.name}-learner{suffix}",
+            strategy=self.placement.learner_strategy,
+        )
         self.groups.append(group)
         return group
 
@@ -478,10 +524,14 @@ class _Learner:
         for rank in range(self.placement.ranks):
             handle = rank_host.options(
                 name=f"{self.name}-learner" + (f"-rank-{rank}" if rank else "") + suffix,
-                num_cpus=1, num_gpus=self.placement.rank_gpu, max_restarts=0, max_task_retries=0,
+                num_cpus=1,
+                num_gpus=self.placement.rank_gpu,
+                max_restarts=0,
+                max_task_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.group, self.placement.rank_bundle(rank)),
-            ).remote(os.getcwd())  # fmt: skip
+                    self.group, self.placement.rank_bundle(rank)
+                ),
+            ).remote(os.getcwd())
             label = "learner" if not rank else f"learner rank {rank}"
             self.hosts.append(_Held(label, handle, rank))
 
@@ -497,8 +547,13 @@ class _Learner:
         if world > 1:
             port = ray.get(self.hosts[0].handle.free_port.remote(), timeout=60)
             envs = rendezvous(places, self.placement.per_node, port)
-        states = ray.get([h.handle.launch.remote(cmd, self.env | env, self.incarnation, h.rank, world)
-                          for h, env in zip(self.hosts, envs, strict=True)], timeout=self.timeout)  # fmt: skip
+        states = ray.get(
+            [
+                h.handle.launch.remote(cmd, self.env | env, self.incarnation, h.rank, world)
+                for h, env in zip(self.hosts, envs, strict=True)
+            ],
+            timeout=self.timeout,
+        )
         for h, state in zip(self.hosts, states, strict=True):
             h.node_id = state.node_id
             for line in state.lines:
@@ -515,18 +570,27 @@ class _Learner:
         if state.returncode in (0, EXIT_STOPPED_EARLY):
             done = all(c is not None for c in self.codes)
             return self.codes[0] if done else None
-        return self.failed(f"rank {rank}'s process exited with {state.returncode}",
-                           state.returncode)  # fmt: skip
+        return self.failed(
+            f"rank {rank}'s process exited with {state.returncode}", state.returncode
+        )
 
     def failed(self, cause: str, code: int, host_lost: bool = False):
         """One rank failed (`host_lost`: its host died): every rank stops; the learner
         starts again if it may, on new hosts in a new placement group after a lost host."""
         ray = self.ray
         if self.incarnation >= self.restarts:
-            self.echo(f"[learner] (ray) {cause}; no restart left (run.learner_restarts = "
-                      f"{self.restarts})")  # fmt: skip
-            self.events.append(_event("learner", self.incarnation + 1, None,
-                                      f"{cause}; no restart left", replaced=False))  # fmt: skip
+            self.echo(
+                f"[learner] (ray) {cause}; no restart left (run.learner_restarts = {self.restarts})"
+            )
+            self.events.append(
+                _event(
+                    "learner",
+                    self.incarnation + 1,
+                    None,
+                    f"{cause}; no restart left",
+                    replaced=False,
+                )
+            )
             return code
         where = " on a new placement group" if host_lost else ""
         self.echo(f"[learner] (ray) {cause}; every rank restarts with --resume{where}")
@@ -556,12 +620,20 @@ class _Learner:
             remove_placement_group(self.group)
         self.group = self._new_group()
         needs = f"{self.placement.learner_bundles} ({self.placement.learner_strategy})"
-        self.echo(f"[learner] (ray) waiting up to {self.timeout:g} s for the Ray cluster to hold "
-                  f"{needs}")  # fmt: skip
+        self.echo(
+            f"[learner] (ray) waiting up to {self.timeout:g} s for the Ray cluster to hold {needs}"
+        )
         ready, _ = ray.wait([self.group.ready()], timeout=self.timeout)
         if not ready:
-            self.events.append(_event("learner", self.incarnation + 1, None,
-                                      f"{cause}; no node could hold it", replaced=False))  # fmt: skip
+            self.events.append(
+                _event(
+                    "learner",
+                    self.incarnation + 1,
+                    None,
+                    f"{cause}; no node could hold it",
+                    replaced=False,
+                )
+            )
             total, nodes = cluster_resources(ray)
             free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
             raise GagpoError(
@@ -586,8 +658,9 @@ def _death(ray, h: _Held) -> str:
     return "its Ray actor died"
 
 
-def _supervise(ray, actors: list[_Held], learner: _Learner, config, echo, events: list[dict],
-               new_actor_host) -> int:  # fmt: skip
+def _supervise(
+    ray, actors: list[_Held], learner: _Learner, config, echo, events: list[dict], new_actor_host
+) -> int:
     """Relay every host's output until the learner ends; restart what ended by itself, and
     place again what a lost node (or a killed host) took, within the restart bounds."""
     from ray.exceptions import ActorUnavailableError, RayActorError
@@ -633,13 +706,23 @@ def _supervise(ray, actors: list[_Held], learner: _Learner, config, echo, events
                 h.gone, h.code = True, state.returncode
                 echo(f"[{h.label}] (ray) exited with {state.returncode}; no restart left")
                 if state.returncode:
-                    events.append(_event(h.label, h.incarnation + 1, None, f"its process exited "
-                                         f"with {state.returncode}; no restart left", replaced=False))  # fmt: skip
+                    events.append(
+                        _event(
+                            h.label,
+                            h.incarnation + 1,
+                            None,
+                            f"its process exited with {state.returncode}; no restart left",
+                            replaced=False,
+                        )
+                    )
                 continue
             echo(f"[{h.label}] (ray) exited with {state.returncode}; restarting it")
             h.incarnation, run_id = h.incarnation + 1, _new_run_id()
-            events.append(_event(h.label, h.incarnation, run_id,
-                                 f"its process exited with {state.returncode}"))  # fmt: skip
+            events.append(
+                _event(
+                    h.label, h.incarnation, run_id, f"its process exited with {state.returncode}"
+                )
+            )
             h.poll = h.handle.restart.remote(h.incarnation, run_id)
         _give_up_placing(ray, actors, config, echo, events)
         if actors and all(h.gone for h in actors):
@@ -657,16 +740,21 @@ def _actor_host_died(ray, h: _Held, cause: str, config, echo, events, new_actor_
         ray.kill(h.handle, no_restart=True)
     if h.incarnation >= config.actor_restarts:
         h.gone = True
-        echo(f"[{h.label}] (ray) {cause}; lost, not replaced: no restart left "
-             f"(run.actor_restarts = {config.actor_restarts})")  # fmt: skip
-        events.append(_event(h.label, h.incarnation + 1, None, f"{cause}; no restart left",
-                             replaced=False))  # fmt: skip
+        echo(
+            f"[{h.label}] (ray) {cause}; lost, not replaced: no restart left "
+            f"(run.actor_restarts = {config.actor_restarts})"
+        )
+        events.append(
+            _event(h.label, h.incarnation + 1, None, f"{cause}; no restart left", replaced=False)
+        )
         return
     h.incarnation, run_id = h.incarnation + 1, _new_run_id()
     h.handle = new_actor_host(h, run_id)
     h.placing = (time.monotonic(), cause, run_id)
-    echo(f"[{h.label}] (ray) {cause}; placing it again (restart {h.incarnation} of "
-         f"{config.actor_restarts}; up to {config.place_timeout_s:g} s for a node with room)")  # fmt: skip
+    echo(
+        f"[{h.label}] (ray) {cause}; placing it again (restart {h.incarnation} of "
+        f"{config.actor_restarts}; up to {config.place_timeout_s:g} s for a node with room)"
+    )
 
 
 def _give_up_placing(ray, actors: list[_Held], config, echo, events) -> None:
@@ -677,10 +765,19 @@ def _give_up_placing(ray, actors: list[_Held], config, echo, events) -> None:
         with contextlib.suppress(Exception):
             ray.kill(h.handle, no_restart=True)
         free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
-        echo(f"[{h.label}] (ray) lost, not replaced: no node could hold it within "
-             f"{config.place_timeout_s:g} s (the cluster has {_resources_text(free)} free)")  # fmt: skip
-        events.append(_event(h.label, h.incarnation, None, f"{h.placing[1]}; no node could hold "
-                             f"it within {config.place_timeout_s:g} s", replaced=False))  # fmt: skip
+        echo(
+            f"[{h.label}] (ray) lost, not replaced: no node could hold it within "
+            f"{config.place_timeout_s:g} s (the cluster has {_resources_text(free)} free)"
+        )
+        events.append(
+            _event(
+                h.label,
+                h.incarnation,
+                None,
+                f"{h.placing[1]}; no node could hold it within {config.place_timeout_s:g} s",
+                replaced=False,
+            )
+        )
         h.gone, h.poll, h.placing = True, None, None
 
 
@@ -689,8 +786,9 @@ def _actors_failed(actors: list[_Held]) -> str:
     for h in actors:
         said.setdefault(f"exited with {h.code}: {h.last or 'no output'}", []).append(h.label)
     why = "; ".join(f"{', '.join(who)} {what}" for what, who in said.items())
-    return (f"every actor exited with an error (restarts included), so the learner was "
-            f"stopped; {why}")  # fmt: skip
+    return (
+        f"every actor exited with an error (restarts included), so the learner was stopped; {why}"
+    )
 
 
 def _stop_all(ray, actors: list[_Held], learner: _Learner, config, echo) -> None:
@@ -721,8 +819,10 @@ def _restarts_text(events: list[dict]) -> str:
     details = [", ".join(f"{label} ×{n}" for label, n in sorted(each.items()))] if each else []
     if lost:
         details.append("lost: " + ", ".join(lost))
-    return (f"ray: {len(restarted) - learner} actor restart(s), {learner} learner restart(s), "
-            f"{len(lost)} lost (not replaced)" + (f" ({'; '.join(details)})" if details else ""))  # fmt: skip
+    return (
+        f"ray: {len(restarted) - learner} actor restart(s), {learner} learner restart(s), "
+        f"{len(lost)} lost (not replaced)" + (f" ({'; '.join(details)})" if details else "")
+    )
 
 
 def restarts_path(store, run_id: str) -> str:
@@ -740,12 +840,22 @@ def write_restarts(store_url: str, run_id: str, events: list[dict]) -> None:
     from gagpo.schemas.store import Store
 
     store = Store(store_url)
-    schema = pa.schema([("process", pa.string()), ("incarnation", pa.int32()),
-                        ("run_id", pa.string()), ("cause", pa.string()),
-                        ("replaced", pa.bool_()), ("at", pa.timestamp("ms", tz="UTC"))])  # fmt: skip
+    schema = pa.schema(
+        [
+            ("process", pa.string()),
+            ("incarnation", pa.int32()),
+            ("run_id", pa.string()),
+            ("cause", pa.string()),
+            ("replaced", pa.bool_()),
+            ("at", pa.timestamp("ms", tz="UTC")),
+        ]
+    )
     rows = sorted(events, key=lambda e: e["at"])
-    table = pa.table({name: [e[name] for e in rows] for name in RESTART_COLUMNS[:-1]}
-                     | {"at": [int(e["at"] * 1000) for e in rows]}, schema=schema)  # fmt: skip
+    table = pa.table(
+        {name: [e[name] for e in rows] for name in RESTART_COLUMNS[:-1]}
+        | {"at": [int(e["at"] * 1000) for e in rows]},
+        schema=schema,
+    )
     store.write_parquet(
         table, restarts_path(store, run_id), {b"gagpo.launch_run_id": run_id.encode()}
     )

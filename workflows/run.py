@@ -102,8 +102,12 @@ def check_recipe(path: Path) -> None:
     every key of every table a field of its model (a misspelt key names the closest one)."""
     from gagpo.learner.config import LearnerConfig
 
-    models = {"run": RunConfig, "actors": ActorConfig, "learner": LearnerConfig,
-              "warmstart": WarmstartConfig}  # fmt: skip
+    models = {
+        "run": RunConfig,
+        "actors": ActorConfig,
+        "learner": LearnerConfig,
+        "warmstart": WarmstartConfig,
+    }
     data = read_toml(path)
     where = f"recipe {str(path)!r}"
     for name, table in data.items():
@@ -145,8 +149,10 @@ def check_store_path(store: str) -> None:
         if here.exists():
             if not here.is_dir():
                 what = "is a file" if here == path else f"lies under the file {str(here)!r}"
-                raise GagpoError(f"store {store!r} {what}; accepted: a folder (created when "
-                                 "missing) or an fsspec URL (s3://…)")  # fmt: skip
+                raise GagpoError(
+                    f"store {store!r} {what}; accepted: a folder (created when "
+                    "missing) or an fsspec URL (s3://…)"
+                )
             return
 
 
@@ -196,18 +202,21 @@ def run(
     check_recipe(path)
     by_table = split_sections(sets, ("run", "actors", "learner"))
     run_sets = parse_sets(by_table["run"], RunConfig)
-    config = load_table(RunConfig, path, "run", merge(run_sets, {"actors": actors}),
-                        by_table["run"])  # fmt: skip
+    config = load_table(
+        RunConfig, path, "run", merge(run_sets, {"actors": actors}), by_table["run"]
+    )
     # Validate the other tables now, so a bad recipe fails before any process starts; a
     # dry run checks all that the run checks before it starts anything.
     from gagpo.learner.config import LearnerConfig
 
     actor_sets = parse_sets(by_table["actors"], ActorConfig)
     learner_sets = parse_sets(by_table["learner"], LearnerConfig)
-    actor_cfg = load_table(ActorConfig, path, "actors", actor_sets | {"store": store},
-                           by_table["actors"])  # fmt: skip
-    learner_cfg = load_table(LearnerConfig, path, "learner", learner_sets | {"store": store},
-                             by_table["learner"])  # fmt: skip
+    actor_cfg = load_table(
+        ActorConfig, path, "actors", actor_sets | {"store": store}, by_table["actors"]
+    )
+    learner_cfg = load_table(
+        LearnerConfig, path, "learner", learner_sets | {"store": store}, by_table["learner"]
+    )
     check_store_path(store)
     from gagpo.actors.envs import check_env
 
@@ -221,10 +230,17 @@ def run(
     from gagpo.workflows.layout import plan_run
 
     def plan(policy_flags: list[str]):
-        return plan_run(path, store, config, actor_cfg, learner_cfg,
-                        actor_args=policy_flags + actor_args,
-                        learner_args=policy_flags + learner_args, run_id=run_id,
-                        gpus_visible=None if dry_run or ray else _gpus_visible(config))  # fmt: skip
+        return plan_run(
+            path,
+            store,
+            config,
+            actor_cfg,
+            learner_cfg,
+            actor_args=policy_flags + actor_args,
+            learner_args=policy_flags + learner_args,
+            run_id=run_id,
+            gpus_visible=None if dry_run or ray else _gpus_visible(config),
+        )
 
     run_id = new_id()
     ray_address = None if ray == "local" else ray  # None: a local instance started for the run
@@ -262,8 +278,9 @@ def run(
         else:  # the same plan, placed by Ray ('local': an instance started for this run)
             from gagpo.workflows.ray_run import run_on_ray
 
-            code = run_on_ray(plan(policy_flags), config, echo, store=store, run_id=run_id,
-                              address=ray_address)  # fmt: skip
+            code = run_on_ray(
+                plan(policy_flags), config, echo, store=store, run_id=run_id, address=ray_address
+            )
     except KeyboardInterrupt:
         echo("interrupted: every process started was stopped; committed shards are kept")
         return 130
@@ -327,8 +344,9 @@ def actors_failed(procs: list[subprocess.Popen], labels: list[str]) -> str:
     said: dict[str, list[str]] = {}
     for proc, label in zip(procs, labels, strict=True):
         proc.relay.join(timeout=5)  # the last lines reach the console first
-        said.setdefault(f"exited with {proc.returncode}: {proc.last_line or 'no output'}",
-                        []).append(label)  # fmt: skip
+        said.setdefault(
+            f"exited with {proc.returncode}: {proc.last_line or 'no output'}", []
+        ).append(label)
     why = "; ".join(f"{', '.join(who)} {what}" for what, who in said.items())
     return f"every actor exited with an error, so the learner was stopped; {why}"
 
@@ -338,9 +356,14 @@ def _labelled(cmd: list[str], env: dict, label: str, echo) -> subprocess.Popen:
     the actors and the learner read together on one console. The process keeps its relay
     thread (`relay`) and the last line it printed (`last_line`)."""
     proc = subprocess.Popen(
-        cmd, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
-    )  # fmt: skip
+        cmd,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        errors="replace",
+    )
     proc.last_line = ""
 
     def relay() -> None:
@@ -445,8 +468,14 @@ def after_run(store: str, config: RunConfig, actor_cfg: ActorConfig, estimator, 
     if config.eval_groups:
         from gagpo.workflows.evaluate import change, evaluate_run, table
 
-        rows = evaluate_run(store, actor_cfg, groups=config.eval_groups,
-                            every=config.eval_every, seed=config.eval_seed, echo=echo)  # fmt: skip
+        rows = evaluate_run(
+            store,
+            actor_cfg,
+            groups=config.eval_groups,
+            every=config.eval_every,
+            seed=config.eval_seed,
+            echo=echo,
+        )
         if rows:
             echo(table(rows, config.eval_groups, actor_cfg.group_size))
             heldout = [change(rows)]

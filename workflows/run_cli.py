@@ -25,9 +25,13 @@ from gagpo.workflows.recipes import shipped as shipped_recipes
     + ".",
 )
 @click.option("--actors", type=int, help="Actor processes (overrides the recipe's [run] actors).")
-@set_option("learner.loss.eps_low=0.1", "actors.sampling.top_p=0.9",
-            "learner.log_to=['tensorboard']", tables=("run", "actors", "learner"),
-            over="the recipe")  # fmt: skip
+@set_option(
+    "learner.loss.eps_low=0.1",
+    "actors.sampling.top_p=0.9",
+    "learner.log_to=['tensorboard']",
+    tables=("run", "actors", "learner"),
+    over="the recipe",
+)
 @click.option(
     "--warmstart/--no-warmstart",
     "warm",
@@ -46,9 +50,14 @@ from gagpo.workflows.recipes import shipped as shipped_recipes
     "HOST:PORT joins a running cluster, --ray alone starts a local instance for the run."
 )
 def run_command(
-    store: str, recipe: str, actors: int | None, sets: tuple[str, ...], warm: bool, dry_run: bool,
+    store: str,
+    recipe: str,
+    actors: int | None,
+    sets: tuple[str, ...],
+    warm: bool,
+    dry_run: bool,
     ray_address: str | None,
-) -> None:  # fmt: skip
+) -> None:
     """Run actors and the learner together on this machine, talking only through the store.
 
     A recipe's [warmstart] table runs first (cached under $GAGPO_CACHE/warmstart/) and its
@@ -62,7 +71,15 @@ def run_command(
     """
     from gagpo.workflows.run import run
 
-    code = run(recipe, store, actors=actors, echo=click.echo, sets=sets, warm=warm,
-               dry_run=dry_run, ray=ray_address)  # fmt: skip
+    code = run(
+        recipe,
+        store,
+        actors=actors,
+        echo=click.echo,
+        sets=sets,
+        warm=warm,
+        dry_run=dry_run,
+        ray=ray_address,
+    )
     if code:
         sys.exit(code)  # click's Exit would be swallowed under standalone_mode=False

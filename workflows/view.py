@@ -46,9 +46,15 @@ class EnvironmentOracle:
 
 
 @click.command("view", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--store", "store_specs", required=True, multiple=True, metavar="[LABEL=]URL",
-              help="Store root (local path or fsspec URL); repeat to show several runs on shared "
-              "axes (--store gagpo=runs/a --store grpo=runs/b).")  # fmt: skip
+@click.option(
+    "--store",
+    "store_specs",
+    required=True,
+    multiple=True,
+    metavar="[LABEL=]URL",
+    help="Store root (local path or fsspec URL); repeat to show several runs on shared "
+    "axes (--store gagpo=runs/a --store grpo=runs/b).",
+)
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -56,16 +62,29 @@ class EnvironmentOracle:
     help="Address to listen on. Any address but loopback needs an access token.",
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
-@click.option("--token", default=None, metavar="TOKEN",
-              help="Access token every request must carry (?token=… once, then a cookie). "
-              "Generated and printed when --host is not loopback and none is given.")  # fmt: skip
+@click.option(
+    "--token",
+    default=None,
+    metavar="TOKEN",
+    help="Access token every request must carry (?token=… once, then a cookie). "
+    "Generated and printed when --host is not loopback and none is given.",
+)
 @gamma_option
 @limit_options
-def view_command(store_specs: tuple[str, ...], host: str, port: int, token: str | None,
-                 gamma: float, timeout_s: float, memory_limit: str) -> None:  # fmt: skip
+def view_command(
+    store_specs: tuple[str, ...],
+    host: str,
+    port: int,
+    token: str | None,
+    gamma: float,
+    timeout_s: float,
+    memory_limit: str,
+) -> None:
     """Serve a local, read-only web app over the store: the run's learning curves, each
     group's rollouts side by side with their credit under any estimator, state pools,
     and the SQL sandbox of `gagpo sql` (docs/inspect.md)."""
     from gagpo.pipeline.view.cli import serve
 
-    serve(store_specs, host, port, token, gamma, timeout_s, memory_limit, oracle=EnvironmentOracle())
+    serve(
+        store_specs, host, port, token, gamma, timeout_s, memory_limit, oracle=EnvironmentOracle()
+    )

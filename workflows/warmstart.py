@@ -167,8 +167,9 @@ def shipped_warmstart(key: str) -> Path | None:
 def manifest(folder: Path) -> dict[str, str]:
     """sha256 of every file of a warm-start folder but MANIFEST, by relative path."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in files}  # fmt: skip
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files
+    }
 
 
 def _copy_shipped(shipped: Path, folder: Path) -> None:
@@ -176,8 +177,10 @@ def _copy_shipped(shipped: Path, folder: Path) -> None:
 
     recorded = json.loads((shipped / MANIFEST).read_text())
     if manifest(shipped) != recorded:
-        raise GagpoError(f"shipped warm start {shipped} does not match its MANIFEST; rebuild it: "
-                         f"python -m gagpo.workflows.ship_warmstart {shipped.name}")  # fmt: skip
+        raise GagpoError(
+            f"shipped warm start {shipped} does not match its MANIFEST; rebuild it: "
+            f"python -m gagpo.workflows.ship_warmstart {shipped.name}"
+        )
     shutil.copytree(shipped / POLICY_DIR, folder / POLICY_DIR)
     shutil.copy2(shipped / INFO_FILE, folder / INFO_FILE)  # last: marks a complete warm start
 
@@ -288,8 +291,16 @@ def evaluate(
     from gagpo.schemas.config import ActorConfig, SamplingConfig
     from gagpo.workflows.evaluate import play
 
-    actors = ActorConfig(store="-", env=cfg.env, env_options=cfg.env_options, policy=policy,
-                         groups=groups, group_size=4, max_turns=cfg.max_turns,
-                         history_window=cfg.history_window, seed=seed,
-                         sampling=SamplingConfig(max_prompt_tokens=cfg.max_prompt_tokens))  # fmt: skip
+    actors = ActorConfig(
+        store="-",
+        env=cfg.env,
+        env_options=cfg.env_options,
+        policy=policy,
+        groups=groups,
+        group_size=4,
+        max_turns=cfg.max_turns,
+        history_window=cfg.history_window,
+        seed=seed,
+        sampling=SamplingConfig(max_prompt_tokens=cfg.max_prompt_tokens),
+    )
     return play(actors, store)  # store "-" above: play() sets the real one

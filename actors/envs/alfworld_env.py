@@ -51,16 +51,51 @@ from gagpo.schemas.errors import GagpoError
 GAME_FORMAT = 1  # bump when generated game files change
 NOTHING_HAPPENS = "Nothing happens."
 # Facts left out of the state key: static ones and ALFWorld's look/examine bookkeeping.
-STATIC_PREDICATES = frozenset({
-    "receptacletype", "objecttype", "cancontain", "openable", "pickupable", "moveable",
-    "cleanable", "heatable", "coolable", "toggleable", "sliceable", "isreceptacleobject",
-    "receptacleatlocation", "checked", "examined", "holdsany", "holdsanyreceptacleobject",
-    "objectatlocation",
-})  # fmt: skip
+STATIC_PREDICATES = frozenset(
+    {
+        "receptacletype",
+        "objecttype",
+        "cancontain",
+        "openable",
+        "pickupable",
+        "moveable",
+        "cleanable",
+        "heatable",
+        "coolable",
+        "toggleable",
+        "sliceable",
+        "isreceptacleobject",
+        "receptacleatlocation",
+        "checked",
+        "examined",
+        "holdsany",
+        "holdsanyreceptacleobject",
+        "objectatlocation",
+    }
+)
 HIDDEN_COMMANDS = frozenset({"help"})
 TASK_PREFIX = "Your task is to:"  # the line of the first observation restated every turn
-VERBS = ("go", "to", "open", "close", "take", "from", "move", "put", "in", "on", "heat",
-         "cool", "clean", "with", "use", "examine", "inventory", "look", "slice")  # fmt: skip
+VERBS = (
+    "go",
+    "to",
+    "open",
+    "close",
+    "take",
+    "from",
+    "move",
+    "put",
+    "in",
+    "on",
+    "heat",
+    "cool",
+    "clean",
+    "with",
+    "use",
+    "examine",
+    "inventory",
+    "look",
+    "slice",
+)
 _PUT = re.compile(r"^(?:put|place) (.+?) (?:in/on|in|on|into|onto|to) (.+)$")
 _MAX_IDLE_ENGINES = 16
 _IDLE: list[_Engine] = []
@@ -100,8 +135,9 @@ class _Engine:
         require("textworld.envs.pddl.logic", PIP_ALFWORLD)  # fast_downward is needed there
         _alfworld_import_setup()
         tw_env = require("alfworld.agents.environment.alfred_tw_env", PIP_ALFWORLD)
-        infos = textworld.EnvInfos(facts=True, admissible_commands=True, won=True,
-                                   extras=["walkthrough"])  # fmt: skip
+        infos = textworld.EnvInfos(
+            facts=True, admissible_commands=True, won=True, extras=["walkthrough"]
+        )
         self.pddl = _pddl_env_class()(infos)
         self.env = tw_env.AlfredDemangler(self.pddl, shuffle=False)
         self.key: str | None = None
@@ -159,8 +195,12 @@ def generated_game(cache_dir: Path, task_type: str, seed: int) -> Path:
 
     _alfworld_import_setup()
     require("alfworld", PIP_ALFWORLD)
-    spec = {"format": GAME_FORMAT, "alfworld": metadata.version("alfworld"),
-            "task_type": task_type, "seed": seed}  # fmt: skip
+    spec = {
+        "format": GAME_FORMAT,
+        "alfworld": metadata.version("alfworld"),
+        "task_type": task_type,
+        "seed": seed,
+    }
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir / f"{task_type}-s{seed}-{digest}.{GAME_FILE.split('.', 1)[1]}"
     if path.is_file():

@@ -151,9 +151,11 @@ class OpenEnvHTTP(LibraryEnv):
     def _request(self, method: str, route: str, body: dict | None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
-            self.server + route, data=data, method=method,
+            self.server + route,
+            data=data,
+            method=method,
             headers={"Content-Type": "application/json"},
-        )  # fmt: skip
+        )
         try:
             with urllib.request.urlopen(request, timeout=self._timeout) as response:
                 return response.status, json.loads(response.read() or b"null")
@@ -233,17 +235,26 @@ class OpenEnvHTTP(LibraryEnv):
             detail = body.get("detail") if isinstance(body, dict) else body
             return self._end_turn(
                 observation=f"The environment refused the action: {json.dumps(detail)[:300]}",
-                reward=0.0, done=False, valid=False, won=False, key=self._key,
+                reward=0.0,
+                done=False,
+                valid=False,
+                won=False,
+                key=self._key,
                 admissible=self._admissible,
-            )  # fmt: skip
+            )
         observation, reward, done = self._read(status, body, "/step")
         valid = bool(observation.get(self._valid_key, True))
         won = observation.get(self._won_key)
         won = bool(won) if won is not None else reward >= self._won_reward
         return self._end_turn(
-            observation=self._text(observation), reward=reward, done=done, valid=valid,
-            won=done and won, key=self._state(), admissible=self._admissible,
-        )  # fmt: skip
+            observation=self._text(observation),
+            reward=reward,
+            done=done,
+            valid=valid,
+            won=done and won,
+            key=self._state(),
+            admissible=self._admissible,
+        )
 
     def close(self) -> None:
         """Give the server back (the slot is rebuilt, or the actor ends)."""

@@ -53,36 +53,141 @@ class Scene:
 
 SCENES: dict[str, Scene] = {
     "kitchen": Scene(
-        {"Cabinet": (2, 6), "CounterTop": (1, 2), "Drawer": (1, 4), "Fridge": (1, 1),
-         "Microwave": (1, 1), "SinkBasin": (1, 1), "StoveBurner": (2, 4), "GarbageCan": (1, 1),
-         "CoffeeMachine": (1, 1), "DiningTable": (0, 1), "Shelf": (0, 2)},
-        ("Apple", "Bread", "Egg", "Lettuce", "Potato", "Tomato", "Mug", "Cup", "Bowl", "Plate",
-         "Pan", "Pot", "Kettle", "Knife", "ButterKnife", "Fork", "Spoon", "Spatula", "Ladle",
-         "DishSponge", "SaltShaker", "PepperShaker", "SoapBottle", "WineBottle"),
+        {
+            "Cabinet": (2, 6),
+            "CounterTop": (1, 2),
+            "Drawer": (1, 4),
+            "Fridge": (1, 1),
+            "Microwave": (1, 1),
+            "SinkBasin": (1, 1),
+            "StoveBurner": (2, 4),
+            "GarbageCan": (1, 1),
+            "CoffeeMachine": (1, 1),
+            "DiningTable": (0, 1),
+            "Shelf": (0, 2),
+        },
+        (
+            "Apple",
+            "Bread",
+            "Egg",
+            "Lettuce",
+            "Potato",
+            "Tomato",
+            "Mug",
+            "Cup",
+            "Bowl",
+            "Plate",
+            "Pan",
+            "Pot",
+            "Kettle",
+            "Knife",
+            "ButterKnife",
+            "Fork",
+            "Spoon",
+            "Spatula",
+            "Ladle",
+            "DishSponge",
+            "SaltShaker",
+            "PepperShaker",
+            "SoapBottle",
+            "WineBottle",
+        ),
     ),
     "livingroom": Scene(
-        {"Sofa": (1, 1), "ArmChair": (0, 2), "CoffeeTable": (1, 1), "SideTable": (1, 2),
-         "Shelf": (1, 3), "Drawer": (0, 3), "Cabinet": (0, 2), "TVStand": (1, 1),
-         "GarbageCan": (1, 1), "Dresser": (0, 1), "Ottoman": (0, 1)},
-        ("Book", "CellPhone", "CreditCard", "KeyChain", "RemoteControl", "Pillow", "Newspaper",
-         "Laptop", "Statue", "Vase", "Box", "Watch", "TissueBox", "Candle", "Bowl", "Plate"),
+        {
+            "Sofa": (1, 1),
+            "ArmChair": (0, 2),
+            "CoffeeTable": (1, 1),
+            "SideTable": (1, 2),
+            "Shelf": (1, 3),
+            "Drawer": (0, 3),
+            "Cabinet": (0, 2),
+            "TVStand": (1, 1),
+            "GarbageCan": (1, 1),
+            "Dresser": (0, 1),
+            "Ottoman": (0, 1),
+        },
+        (
+            "Book",
+            "CellPhone",
+            "CreditCard",
+            "KeyChain",
+            "RemoteControl",
+            "Pillow",
+            "Newspaper",
+            "Laptop",
+            "Statue",
+            "Vase",
+            "Box",
+            "Watch",
+            "TissueBox",
+            "Candle",
+            "Bowl",
+            "Plate",
+        ),
     ),
     "bedroom": Scene(
-        {"Bed": (1, 1), "Desk": (1, 1), "Drawer": (1, 4), "Dresser": (0, 1), "Shelf": (1, 3),
-         "SideTable": (1, 2), "GarbageCan": (1, 1), "LaundryHamper": (0, 1), "ArmChair": (0, 1)},
-        ("AlarmClock", "Book", "CD", "CellPhone", "CreditCard", "KeyChain", "Laptop", "Pen",
-         "Pencil", "Pillow", "Mug", "Bowl", "Cloth", "BaseballBat", "TennisRacket", "BasketBall",
-         "Watch"),
+        {
+            "Bed": (1, 1),
+            "Desk": (1, 1),
+            "Drawer": (1, 4),
+            "Dresser": (0, 1),
+            "Shelf": (1, 3),
+            "SideTable": (1, 2),
+            "GarbageCan": (1, 1),
+            "LaundryHamper": (0, 1),
+            "ArmChair": (0, 1),
+        },
+        (
+            "AlarmClock",
+            "Book",
+            "CD",
+            "CellPhone",
+            "CreditCard",
+            "KeyChain",
+            "Laptop",
+            "Pen",
+            "Pencil",
+            "Pillow",
+            "Mug",
+            "Bowl",
+            "Cloth",
+            "BaseballBat",
+            "TennisRacket",
+            "BasketBall",
+            "Watch",
+        ),
     ),
     "bathroom": Scene(
-        {"BathtubBasin": (0, 1), "SinkBasin": (1, 2), "Toilet": (1, 1), "Cabinet": (1, 4),
-         "CounterTop": (1, 1), "Drawer": (0, 2), "GarbageCan": (1, 1), "Shelf": (0, 2),
-         "TowelHolder": (0, 1), "HandTowelHolder": (0, 1), "ToiletPaperHanger": (1, 1),
-         "Cart": (0, 1)},
-        ("SoapBar", "SoapBottle", "SprayBottle", "ToiletPaper", "Cloth", "Candle", "DishSponge",
-         "HandTowel", "Towel", "Plunger", "TissueBox"),
+        {
+            "BathtubBasin": (0, 1),
+            "SinkBasin": (1, 2),
+            "Toilet": (1, 1),
+            "Cabinet": (1, 4),
+            "CounterTop": (1, 1),
+            "Drawer": (0, 2),
+            "GarbageCan": (1, 1),
+            "Shelf": (0, 2),
+            "TowelHolder": (0, 1),
+            "HandTowelHolder": (0, 1),
+            "ToiletPaperHanger": (1, 1),
+            "Cart": (0, 1),
+        },
+        (
+            "SoapBar",
+            "SoapBottle",
+            "SprayBottle",
+            "ToiletPaper",
+            "Cloth",
+            "Candle",
+            "DishSponge",
+            "HandTowel",
+            "Towel",
+            "Plunger",
+            "TissueBox",
+        ),
     ),
-}  # fmt: skip
+}
 # Task type -> the rooms it is set in (heating and cooling need the kitchen's appliances).
 TASK_SCENES = {
     "pick_and_place_simple": tuple(SCENES),
@@ -110,8 +215,9 @@ class Knowledge:
         import alfworld.gen.constants as constants
         import alfworld.gen.goal_library as goals
 
-        properties = {name.lower(): frozenset(types)
-                      for name, types in constants.VAL_ACTION_OBJECTS.items()}  # fmt: skip
+        properties = {
+            name.lower(): frozenset(types) for name, types in constants.VAL_ACTION_OBJECTS.items()
+        }
         return cls(
             can_contain={r: frozenset(o) for r, o in constants.VAL_RECEPTACLE_OBJECTS.items()},
             properties=properties,
@@ -180,8 +286,11 @@ def _attempt(rng: random.Random, task_type: str, kb: Knowledge) -> Task | None:
     obj = rng.choice(candidates)
     recep: str | None = None
     if not look:
-        targets = [t for t in present if obj in kb.can_contain.get(t, ()) and t != appliance
-                   and homes(obj, avoid=t)]  # fmt: skip
+        targets = [
+            t
+            for t in present
+            if obj in kb.can_contain.get(t, ()) and t != appliance and homes(obj, avoid=t)
+        ]
         if not targets:
             return None
         recep = rng.choice(targets)
@@ -265,12 +374,23 @@ def _problem(
             init.append(f"(isReceptacleObject {o})")
     present_otypes = sorted(set(types.values()))
     for rt in sorted(set(kind_of.values())):
-        init += [f"(canContain {rt}Type {ot}Type)" for ot in present_otypes
-                 if ot in kb.can_contain.get(rt, ())]  # fmt: skip
+        init += [
+            f"(canContain {rt}Type {ot}Type)"
+            for ot in present_otypes
+            if ot in kb.can_contain.get(rt, ())
+        ]
     body = "\n".join(
-        ["(define (problem gagpo)", "(:domain alfred)", "(:objects", *objects, ")",
-         "(:init", *init, ")"]
-    )  # fmt: skip
+        [
+            "(define (problem gagpo)",
+            "(:domain alfred)",
+            "(:objects",
+            *objects,
+            ")",
+            "(:init",
+            *init,
+            ")",
+        ]
+    )
     return f"{body}\n{goal.strip()}\n"  # the goal library's text closes the `define`
 
 

@@ -75,8 +75,9 @@ def parse_grid(grid: str) -> Level:
     rows = grid.split("\n")
     width = len(rows[0])
     cells = "".join(rows)
-    if any(len(row) != width for row in rows) or set(cells) - set(WALL + FLOOR + TARGET + BOX
-                                                                  + BOX_ON_TARGET + PLAYER + PLAYER_ON_TARGET):  # fmt: skip
+    if any(len(row) != width for row in rows) or set(cells) - set(
+        WALL + FLOOR + TARGET + BOX + BOX_ON_TARGET + PLAYER + PLAYER_ON_TARGET
+    ):
         raise ValueError(f"not a Sokoban grid: {grid!r}")
 
     def where(*kinds: str) -> frozenset[int]:
@@ -85,8 +86,14 @@ def parse_grid(grid: str) -> Level:
     players = where(PLAYER, PLAYER_ON_TARGET)
     if len(players) != 1:
         raise ValueError(f"a Sokoban grid has one player: {grid!r}")
-    return Level(len(rows), width, where(WALL), where(TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET),
-                 where(BOX, BOX_ON_TARGET), next(iter(players)))  # fmt: skip
+    return Level(
+        len(rows),
+        width,
+        where(WALL),
+        where(TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET),
+        where(BOX, BOX_ON_TARGET),
+        next(iter(players)),
+    )
 
 
 _CELL_WORDS = {WALL: "wall", FLOOR: "floor", TARGET: "target", BOX: "box", BOX_ON_TARGET: "box"}

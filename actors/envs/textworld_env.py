@@ -55,17 +55,29 @@ from gagpo.schemas.files import build_once
 GAME_FORMAT = 1  # bump when the files a game folder holds change
 # Challenge -> its settings and their defaults: small games a policy can finish in 30 turns.
 # `recipe_seed=None` draws the cooking recipe from the task seed.
-# fmt: off
 CHALLENGES: dict[str, dict[str, Any]] = {
     "tw-coin_collector": {"level": 5},
     "tw-treasure_hunter": {"level": 5},
-    "tw-cooking": {"recipe": 1, "take": 1, "go": 1, "open": True, "cook": True, "cut": True,
-                   "drop": False, "recipe_seed": None, "split": "train"},
+    "tw-cooking": {
+        "recipe": 1,
+        "take": 1,
+        "go": 1,
+        "open": True,
+        "cook": True,
+        "cut": True,
+        "drop": False,
+        "recipe_seed": None,
+        "split": "train",
+    },
     "tw-simple": {"rewards": "dense", "goal": "detailed", "test": False},
-    "custom": {"world_size": 3, "nb_objects": 6, "quest_length": 3, "quest_breadth": 1,
-               "theme": "house"},
+    "custom": {
+        "world_size": 3,
+        "nb_objects": 6,
+        "quest_length": 3,
+        "quest_breadth": 1,
+        "theme": "house",
+    },
 }
-# fmt: on
 LEVELS = {"tw-coin_collector": (1, 300), "tw-treasure_hunter": (1, 30)}
 GENERATE_TIMEOUT_S = 600
 # The game files TextWorld 1.7 plays with its state tracking: Z-machine, with a .json beside.
@@ -80,11 +92,51 @@ NOTHING_HAPPENS = "Nothing happens."
 END_MARK = "*** The End ***"
 # Words of TextWorld's command grammar and of the challenges' fixed objects: the tiny
 # policy's vocabulary. Names drawn from the text grammars vary per game and are not here.
-VERBS = ("go", "north", "south", "east", "west", "look", "inventory", "examine", "take",
-         "from", "drop", "put", "on", "insert", "into", "open", "close", "lock", "unlock",
-         "with", "eat", "drink", "cook", "slice", "chop", "dice", "prepare", "meal")  # fmt: skip
-NOUNS = ("coin", "cookbook", "knife", "stove", "oven", "bbq", "fridge", "counter", "table",
-         "door", "key", "chest", "box")  # fmt: skip
+VERBS = (
+    "go",
+    "north",
+    "south",
+    "east",
+    "west",
+    "look",
+    "inventory",
+    "examine",
+    "take",
+    "from",
+    "drop",
+    "put",
+    "on",
+    "insert",
+    "into",
+    "open",
+    "close",
+    "lock",
+    "unlock",
+    "with",
+    "eat",
+    "drink",
+    "cook",
+    "slice",
+    "chop",
+    "dice",
+    "prepare",
+    "meal",
+)
+NOUNS = (
+    "coin",
+    "cookbook",
+    "knife",
+    "stove",
+    "oven",
+    "bbq",
+    "fridge",
+    "counter",
+    "table",
+    "door",
+    "key",
+    "chest",
+    "box",
+)
 
 
 def game_settings(challenge: str, level: int | None, settings: Mapping[str, Any] | None) -> dict:
@@ -118,8 +170,13 @@ def game_spec(challenge: str, settings: Mapping[str, Any], seed: int, version: s
     """Everything that determines a generated game (what its cache key hashes)."""
     if challenge == "tw-cooking" and settings.get("recipe_seed") is None:
         settings = {**settings, "recipe_seed": seed}
-    return {"format": GAME_FORMAT, "textworld": version, "challenge": challenge,
-            "settings": dict(settings), "seed": seed}  # fmt: skip
+    return {
+        "format": GAME_FORMAT,
+        "textworld": version,
+        "challenge": challenge,
+        "settings": dict(settings),
+        "seed": seed,
+    }
 
 
 def game_dir(root: Path, spec: Mapping[str, Any]) -> Path:
@@ -305,8 +362,11 @@ class TextWorld:
         self.max_turns = max_turns
         self.games: tuple[Path, ...] | None = None
         if game_files is not None:
-            given = [k for k, v in (("challenge", challenge), ("level", level),
-                                    ("settings", settings)) if v is not None]  # fmt: skip
+            given = [
+                k
+                for k, v in (("challenge", challenge), ("level", level), ("settings", settings))
+                if v is not None
+            ]
             if given:
                 raise GagpoError(
                     f"{', '.join(given)} apply to generated games; with game_files the games "
@@ -359,8 +419,15 @@ class TextWorld:
         else:
             meta = user_game_meta(game)
         self.close()
-        infos = textworld.EnvInfos(description=True, objective=True, facts=True, score=True,
-                                   won=True, lost=True, admissible_commands=True)  # fmt: skip
+        infos = textworld.EnvInfos(
+            description=True,
+            objective=True,
+            facts=True,
+            score=True,
+            won=True,
+            lost=True,
+            admissible_commands=True,
+        )
         with _quiet_jericho():
             self._tw = textworld.start(str(game), request_infos=infos)
         self._meta = meta

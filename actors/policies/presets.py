@@ -158,8 +158,9 @@ def load_policy(
     if backend == "vllm":
         from gagpo.actors.policies.vllm_backend import VLLMPolicy
 
-        return VLLMPolicy(folder, version=version, sampling=sampling, stop=stop, settings=vllm,
-                          seed=seed)  # fmt: skip
+        return VLLMPolicy(
+            folder, version=version, sampling=sampling, stop=stop, settings=vllm, seed=seed
+        )
     from gagpo.actors.policies.hf import HFPolicy
 
     policy = HFPolicy(folder, version=version, sampling=sampling, device=device)

@@ -219,8 +219,10 @@ class VLLMPolicy:
         """One sample per prompt, in input order, all in one engine call."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        params = [self._params(None if seed is None else request_seed(seed, i))
-                  for i in range(len(prompts))]  # fmt: skip
+        params = [
+            self._params(None if seed is None else request_seed(seed, i))
+            for i in range(len(prompts))
+        ]
         outputs = self.engine.generate(
             [{"prompt_token_ids": list(p)} for p in prompts],
             params,

@@ -28,20 +28,62 @@ sys.path.insert(0, str(ROOT))
 
 def _run(module: str, *args: str, env: dict | None = None, timeout: float = 600):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _actors(store: str, groups: int, *extra: str, env: dict | None = None):
-    return _run("gagpo.actors.cli", "--store", store, "--policy", "tiny", "--env", "sokoban",
-                "--groups", str(groups), "--group-size", "2", "--max-turns", "2",
-                "--groups-per-shard", "1", "--quiet", *extra, env=env)  # fmt: skip
+    return _run(
+        "gagpo.actors.cli",
+        "--store",
+        store,
+        "--policy",
+        "tiny",
+        "--env",
+        "sokoban",
+        "--groups",
+        str(groups),
+        "--group-size",
+        "2",
+        "--max-turns",
+        "2",
+        "--groups-per-shard",
+        "1",
+        "--quiet",
+        *extra,
+        env=env,
+    )
 
 
 def _learner_args(store: str, updates: int, *extra: str) -> list[str]:
-    return ["-m", "gagpo.learner.cli", "--store", store, "--policy", "tiny", "--updates",
-            str(updates), "--batch-groups", "1", "--max-staleness", "1000", "--keep-versions",
-            "1000", "--poll-interval", "0.05", "--idle-timeout", "20", "--quiet", *extra]  # fmt: skip
+    return [
+        "-m",
+        "gagpo.learner.cli",
+        "--store",
+        store,
+        "--policy",
+        "tiny",
+        "--updates",
+        str(updates),
+        "--batch-groups",
+        "1",
+        "--max-staleness",
+        "1000",
+        "--keep-versions",
+        "1000",
+        "--poll-interval",
+        "0.05",
+        "--idle-timeout",
+        "20",
+        "--quiet",
+        *extra,
+    ]
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -57,15 +99,30 @@ def race(work: Path, trials: int = 3, updates: int = 4) -> dict:
     from gagpo.learner.feed import Ledger
     from gagpo.schemas.store import Store
 
-    out = {"trials": trials, "both_trained": 0, "one_refused_one_line": 0,
-           "groups_trained_twice": 0, "lineage_problems": 0, "latest_ok": 0}  # fmt: skip
+    out = {
+        "trials": trials,
+        "both_trained": 0,
+        "one_refused_one_line": 0,
+        "groups_trained_twice": 0,
+        "lineage_problems": 0,
+        "latest_ok": 0,
+    }
     for trial in range(trials):
         store = str(work / f"race-{trial}")
         assert _actors(store, updates).returncode == 0
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GAGPO_LEASE_TTL_S": "6"}
         command = [sys.executable, *_learner_args(store, updates, "--resume")]
-        procs = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+        procs = [
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
         results = [(p.wait(timeout=600), p.communicate()[1]) for p in procs]
         codes = sorted(code for code, _ in results)
         out["both_trained"] += codes == [0, 0]
@@ -81,8 +138,13 @@ def race(work: Path, trials: int = 3, updates: int = 4) -> dict:
     return out
 
 
-def outage(work: Path, updates: int = 6, outage_s: float = 2.0, period_s: float = 4.0,
-           bound_s: float = 60.0) -> dict:  # fmt: skip
+def outage(
+    work: Path,
+    updates: int = 6,
+    outage_s: float = 2.0,
+    period_s: float = 4.0,
+    bound_s: float = 60.0,
+) -> dict:
     import logging
 
     import boto3
@@ -95,8 +157,12 @@ def outage(work: Path, updates: int = 6, outage_s: float = 2.0, period_s: float 
 
     endpoint = Emulator()
     endpoint.start()
-    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
-                      AWS_ENDPOINT_URL=endpoint.endpoint, AWS_DEFAULT_REGION="us-east-1")  # fmt: skip
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="test",
+        AWS_SECRET_ACCESS_KEY="test",
+        AWS_ENDPOINT_URL=endpoint.endpoint,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     boto3.client("s3", endpoint_url=endpoint.endpoint).create_bucket(Bucket="outage")
     url = f"s3://outage/{work.name}-{int(time.time())}"
     env = {"AWS_MAX_ATTEMPTS": "1", "GAGPO_STORE_RETRY_S": str(bound_s)}
@@ -119,13 +185,23 @@ def outage(work: Path, updates: int = 6, outage_s: float = 2.0, period_s: float 
     flapper.join()
     store = Store(url)
     retried = [line for line in done.stderr.splitlines() if "retry" in line]
-    kinds = {k: sum(k in line for line in retried)
-             for k in ("histograms.zarr", ".complete", "LATEST", "ledger", "lease", "shards")}  # fmt: skip
-    result = {"outages": outages[0], "down_s": down_s[0], "outage_s": outage_s,
-              "bound_s": bound_s, "learner_exit": done.returncode, "updates": updates,
-              "latest": store.latest_version(), "lineage_problems": len(check_lineage(store)),
-              "retry_lines": len(retried), "retries_by_path": kinds,
-              "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+    kinds = {
+        k: sum(k in line for line in retried)
+        for k in ("histograms.zarr", ".complete", "LATEST", "ledger", "lease", "shards")
+    }
+    result = {
+        "outages": outages[0],
+        "down_s": down_s[0],
+        "outage_s": outage_s,
+        "bound_s": bound_s,
+        "learner_exit": done.returncode,
+        "updates": updates,
+        "latest": store.latest_version(),
+        "lineage_problems": len(check_lineage(store)),
+        "retry_lines": len(retried),
+        "retries_by_path": kinds,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
     if done.returncode:
         result["error"] = (_error_lines(done.stderr) or [done.stderr[-300:]])[-1]
     endpoint.stop()
@@ -134,8 +210,13 @@ def outage(work: Path, updates: int = 6, outage_s: float = 2.0, period_s: float 
 
 def _mount(folder: Path, size: str) -> bool:
     folder.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                          capture_output=True).returncode == 0  # fmt: skip
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
 
 
 def full_disk(work: Path) -> dict:
@@ -157,13 +238,17 @@ def full_disk(work: Path) -> dict:
         full = _actors(store, 40)
         lines = _error_lines(full.stderr)
         s = Store(store)
-        out["actor"] = {"first_exit": first.returncode, "exit": full.returncode,
-                        "one_line": len(lines) == 1 and "Traceback" not in full.stderr,
-                        "line": lines[-1][:300] if lines else full.stderr[-300:],
-                        "temporaries_left": _temporaries(disk),
-                        "shards_before": shards_before, "shards_after": len(s.list_shards()),
-                        "quarantined": len(s.quarantined()),
-                        "v0_complete": 0 in complete_versions(s)}  # fmt: skip
+        out["actor"] = {
+            "first_exit": first.returncode,
+            "exit": full.returncode,
+            "one_line": len(lines) == 1 and "Traceback" not in full.stderr,
+            "line": lines[-1][:300] if lines else full.stderr[-300:],
+            "temporaries_left": _temporaries(disk),
+            "shards_before": shards_before,
+            "shards_after": len(s.list_shards()),
+            "quarantined": len(s.quarantined()),
+            "v0_complete": 0 in complete_versions(s),
+        }
     finally:
         subprocess.run(["umount", str(disk)], check=False)
     disk = work / "disk-learner"
@@ -176,12 +261,15 @@ def full_disk(work: Path) -> dict:
         lines = _error_lines(done.stderr)
         s = Store(store)
         latest, complete = s.latest_version(), complete_versions(s)
-        out["learner"] = {"exit": done.returncode,
-                          "one_line": len(lines) == 1 and "Traceback" not in done.stderr,
-                          "line": lines[-1][:300] if lines else done.stderr[-300:],
-                          "latest": latest, "latest_complete": latest in complete,
-                          "partial_version_folders": len(set(version_folders(s)) - set(complete)),
-                          "temporaries_left": _temporaries(disk)}  # fmt: skip
+        out["learner"] = {
+            "exit": done.returncode,
+            "one_line": len(lines) == 1 and "Traceback" not in done.stderr,
+            "line": lines[-1][:300] if lines else done.stderr[-300:],
+            "latest": latest,
+            "latest_complete": latest in complete,
+            "partial_version_folders": len(set(version_folders(s)) - set(complete)),
+            "temporaries_left": _temporaries(disk),
+        }
     finally:
         subprocess.run(["umount", str(disk)], check=False)
     return out

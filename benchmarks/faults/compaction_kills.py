@@ -47,12 +47,21 @@ def build(store_dir: Path, shards: int) -> None:
         store.write_shard(table, group_size=3)
         if i % 2 == 0:  # half of them consumed by a "learner" at update 1
             for g in table[C.GROUP_ID].unique().to_pylist():
-                rows.append({C.RUN_ID: f"r{i % 3}", C.SHARD_ID: shard_id, C.GROUP_ID: g,
-                             C.SHARD_GROUPS: 1 + i % 2, C.POLICY_VERSION: 0,
-                             C.LEDGER_UPDATE: 1, C.LEDGER_LEARNER_VERSION: 0,
-                             C.LEDGER_STATUS: "trained"})  # fmt: skip
-    store.write_parquet(pa.Table.from_pylist(rows, schema=C.LEDGER_SCHEMA),
-                        layout.ledger(store.root), {})  # fmt: skip
+                rows.append(
+                    {
+                        C.RUN_ID: f"r{i % 3}",
+                        C.SHARD_ID: shard_id,
+                        C.GROUP_ID: g,
+                        C.SHARD_GROUPS: 1 + i % 2,
+                        C.POLICY_VERSION: 0,
+                        C.LEDGER_UPDATE: 1,
+                        C.LEDGER_LEARNER_VERSION: 0,
+                        C.LEDGER_STATUS: "trained",
+                    }
+                )
+    store.write_parquet(
+        pa.Table.from_pylist(rows, schema=C.LEDGER_SCHEMA), layout.ledger(store.root), {}
+    )
     from gagpo.pipeline.config import GagpoConfig
     from gagpo.pipeline.recompute import recompute_store
 
@@ -112,8 +121,12 @@ def main() -> None:
         probe = Path(tmp) / "probe"
         shutil.copytree(base, probe)
         t0 = time.perf_counter()
-        subprocess.run([GAGPO, "compact", "--store", str(probe), "--all"], env=env, check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            [GAGPO, "compact", "--store", str(probe), "--all"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         duration = time.perf_counter() - t0
         print(f"{args.shards} shards; an uninterrupted compaction takes {duration:.1f} s")
         survived = 0
@@ -121,21 +134,35 @@ def main() -> None:
             store = Path(tmp) / f"round{k}"
             shutil.copytree(base, store)
             delay = rng.uniform(0.0, duration)
-            proc = subprocess.Popen([GAGPO, "compact", "--store", str(store), "--all"], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.Popen(
+                [GAGPO, "compact", "--store", str(store), "--all"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(delay)
             finished = proc.poll() is not None
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            again = subprocess.run([GAGPO, "compact", "--store", str(store), "--all"], env=env,
-                                   capture_output=True, text=True)  # fmt: skip
-            found = [] if again.returncode == 0 else [f"the next compaction failed: {again.stderr.strip()}"]
+            again = subprocess.run(
+                [GAGPO, "compact", "--store", str(store), "--all"],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            found = (
+                []
+                if again.returncode == 0
+                else [f"the next compaction failed: {again.stderr.strip()}"]
+            )
             found += problems(store, before, ledger_rows)
             survived += not found
             recovered = next((ln for ln in again.stdout.splitlines() if "removed" in ln), "")
-            print(f"round {k + 1}: killed after {delay:.2f} s{' (it had finished)' if finished else ''}; "
-                  f"{'survived' if not found else 'LOST: ' + '; '.join(found[:3])}"
-                  f"{'  [' + recovered.split('; ')[-1] + ']' if recovered else ''}")  # fmt: skip
+            print(
+                f"round {k + 1}: killed after {delay:.2f} s{' (it had finished)' if finished else ''}; "
+                f"{'survived' if not found else 'LOST: ' + '; '.join(found[:3])}"
+                f"{'  [' + recovered.split('; ')[-1] + ']' if recovered else ''}"
+            )
             shutil.rmtree(store, ignore_errors=True)
         print(f"{survived} of {args.kills} rounds survived")
         sys.exit(0 if survived == args.kills else 1)

@@ -26,8 +26,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 WORKER_CPUS = 3
-QUICK = ["--no-warmstart", "--set", "run.eval_groups=0", "--set", "run.report=false",
-         "--set", "run.credit=false"]  # fmt: skip
+QUICK = [
+    "--no-warmstart",
+    "--set",
+    "run.eval_groups=0",
+    "--set",
+    "run.report=false",
+    "--set",
+    "run.credit=false",
+]
 
 
 def _cluster(work: Path):
@@ -38,8 +45,9 @@ def _cluster(work: Path):
     import tempfile
 
     os.makedirs(os.path.join(tempfile.gettempdir(), "ray"), exist_ok=True)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
-                      "include_dashboard": False})  # fmt: skip
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
     ray.init(address=cluster.address, namespace="gagpo", log_to_driver=False)
     return ray, cluster
 
@@ -63,10 +71,16 @@ def _left(ray, run, name: str, wait_s: float = 60.0) -> int:
 
     deadline = time.monotonic() + wait_s
     while True:
-        groups = [i for i in ray.util.placement_group_table().values()
-                  if i["name"].startswith(name) and i["state"] != "REMOVED"]  # fmt: skip
-        actors = [a for a in ray._private.state.actors().values()
-                  if a.get("Name", "").startswith(name) and a["State"] != "DEAD"]  # fmt: skip
+        groups = [
+            i
+            for i in ray.util.placement_group_table().values()
+            if i["name"].startswith(name) and i["state"] != "REMOVED"
+        ]
+        actors = [
+            a
+            for a in ray._private.state.actors().values()
+            if a.get("Name", "").startswith(name) and a["State"] != "DEAD"
+        ]
         children = [pid for pid in run.child_pids() if alive(pid)]
         left = len(groups) + len(actors) + len(children)
         if not left or time.monotonic() > deadline:
@@ -78,8 +92,22 @@ def _start_on(cluster, store: Path, updates: int):
     from tests.helpers.ray_procs import Run
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = Run(["--recipe", "tiny", "--store", str(store), "--ray", cluster.address, *QUICK,
-               "--set", "run.actors=2", "--set", f"learner.updates={updates}"], env)  # fmt: skip
+    run = Run(
+        [
+            "--recipe",
+            "tiny",
+            "--store",
+            str(store),
+            "--ray",
+            cluster.address,
+            *QUICK,
+            "--set",
+            "run.actors=2",
+            "--set",
+            f"learner.updates={updates}",
+        ],
+        env,
+    )
     name = run.wait_for(r"placement groups (\S+)-learner, ").group(1)
     run.wait_for(r"^\[learner\] \(ray\) started pid")
     return run, name
@@ -94,9 +122,16 @@ def node_loss(work: Path, trials: int = 1, updates: int = 4) -> dict:
     out = {"learner_node": {}, "actor_node": {}}
     try:
         for which in ("learner_node", "actor_node"):
-            figures = out[which] = {"trials": 0, "exit_0": 0, "all_updates": 0,
-                                    "one_lineage": 0, "restart_counted": 0, "lost": 0,
-                                    "said_ray_restarts_it": 0, "left_alive": 0}  # fmt: skip
+            figures = out[which] = {
+                "trials": 0,
+                "exit_0": 0,
+                "all_updates": 0,
+                "one_lineage": 0,
+                "restart_counted": 0,
+                "lost": 0,
+                "said_ray_restarts_it": 0,
+                "left_alive": 0,
+            }
             for trial in range(trials):
                 _two_workers(cluster)
                 store_dir = work / f"node-loss-{which}-{trial}"
@@ -116,8 +151,9 @@ def node_loss(work: Path, trials: int = 1, updates: int = 4) -> dict:
                 figures["exit_0"] += code == 0
                 figures["all_updates"] += store.latest_version() == updates
                 metrics = read_metrics(store)
-                figures["one_lineage"] += (check_lineage(store) == [] and
-                                           metrics["update"].to_list() == list(range(1, updates + 1)))  # fmt: skip
+                figures["one_lineage"] += check_lineage(store) == [] and metrics[
+                    "update"
+                ].to_list() == list(range(1, updates + 1))
                 wanted = "1 learner restart(s)" if which == "learner_node" else "1 actor restart(s)"
                 figures["restart_counted"] += bool(
                     re.search(rf"^ray restarts: .*{re.escape(wanted)}", text, re.M)
@@ -134,16 +170,34 @@ def node_loss(work: Path, trials: int = 1, updates: int = 4) -> dict:
 
 def _local_run(work: Path, tag: str, *extra: str, session: bool = True) -> tuple:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_TMPDIR": str(work / f"ray-{tag}")}
-    proc = subprocess.Popen([sys.executable, "-m", "gagpo.workflows.cli", "run", "--recipe", "tiny",
-                             "--store", str(work / f"pg-{tag}"), *QUICK,
-                             "--set", "learner.updates=30", *extra], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=session)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gagpo.workflows.cli",
+            "run",
+            "--recipe",
+            "tiny",
+            "--store",
+            str(work / f"pg-{tag}"),
+            *QUICK,
+            "--set",
+            "learner.updates=30",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=session,
+    )
     return proc, env
 
 
-def _stop_and_count(proc, sig: int, group: bool, started: str, figures: dict, expect: int,
-                    folder: Path | None) -> None:  # fmt: skip
+def _stop_and_count(
+    proc, sig: int, group: bool, started: str, figures: dict, expect: int, folder: Path | None
+) -> None:
     from tests.helpers.ray_procs import alive, processes_naming
 
     lines = []
@@ -171,10 +225,15 @@ def _stop_and_count(proc, sig: int, group: bool, started: str, figures: dict, ex
 def process_group(work: Path, trials: int = 1) -> dict:
     out = {}
     cases = {
-        "ctrl_c_to_group_process_executor": (signal.SIGINT, True, ["--set", "actors.env_executor=process"], False),
+        "ctrl_c_to_group_process_executor": (
+            signal.SIGINT,
+            True,
+            ["--set", "actors.env_executor=process"],
+            False,
+        ),
         "sigterm_local": (signal.SIGTERM, False, [], False),
         "sigterm_ray_local": (signal.SIGTERM, False, ["--ray"], True),
-    }  # fmt: skip
+    }
     for case, (sig, group, extra, on_ray) in cases.items():
         figures = out[case] = {"trials": 0, "traceback_or_native_dump": 0, "processes_left": 0}
         for trial in range(trials):

@@ -84,10 +84,19 @@ class Figures:
 
     @property
     def ok(self) -> bool:
-        return not (self.bad_visible_shards or self.quarantined or self.groups_trained_twice
-                    or self.groups_skipped or self.update_version_mismatch
-                    or self.lineage_problems or self.latest_incomplete
-                    or self.stale_temp_files_after_writer) and self.updates > 0  # fmt: skip
+        return (
+            not (
+                self.bad_visible_shards
+                or self.quarantined
+                or self.groups_trained_twice
+                or self.groups_skipped
+                or self.update_version_mismatch
+                or self.lineage_problems
+                or self.latest_incomplete
+                or self.stale_temp_files_after_writer
+            )
+            and self.updates > 0
+        )
 
 
 # --- processes -----------------------------------------------------------------------
@@ -99,8 +108,13 @@ def _env(extra: dict | None = None) -> dict:
 
 
 def _gagpo(module: str, *args: str, env: dict | None = None, log=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=_env(env),
-                            stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=_env(env),
+        stdout=log or subprocess.DEVNULL,
+        stderr=log or subprocess.DEVNULL,
+    )
 
 
 def _kill(proc: subprocess.Popen) -> bool:
@@ -138,17 +152,51 @@ class Run:
         self.log = open(work / "processes.log", "ab")  # noqa: SIM115  (closed in `run`)
 
     def actor(self, seed: int, *extra: str, hold: str | None = None) -> subprocess.Popen:
-        args = ["--store", self.url, "--policy", "tiny", "--env", "sokoban", "--group-size",
-                str(self.plan.group_size), "--max-turns", str(self.plan.max_turns), "--seed",
-                str(seed), "--threads", "1", "--backend", "transformers", *extra]  # fmt: skip
+        args = [
+            "--store",
+            self.url,
+            "--policy",
+            "tiny",
+            "--env",
+            "sokoban",
+            "--group-size",
+            str(self.plan.group_size),
+            "--max-turns",
+            str(self.plan.max_turns),
+            "--seed",
+            str(seed),
+            "--threads",
+            "1",
+            "--backend",
+            "transformers",
+            *extra,
+        ]
         env = {"GAGPO_HOLD": hold} if hold else None
         return _gagpo("gagpo.actors.cli", *args, env=env, log=self.log)
 
     def learner(self, updates: int, *extra: str, hold: str | None = None) -> subprocess.Popen:
-        args = ["--store", self.url, "--policy", "tiny", "--updates", str(updates),
-                "--batch-groups", "1", "--max-staleness", "100000", "--keep-versions", "100000",
-                "--lr", "1e-3", "--micro-batch-tokens", "2048", "--poll-interval", "0.2",
-                "--quiet", *extra]  # fmt: skip
+        args = [
+            "--store",
+            self.url,
+            "--policy",
+            "tiny",
+            "--updates",
+            str(updates),
+            "--batch-groups",
+            "1",
+            "--max-staleness",
+            "100000",
+            "--keep-versions",
+            "100000",
+            "--lr",
+            "1e-3",
+            "--micro-batch-tokens",
+            "2048",
+            "--poll-interval",
+            "0.2",
+            "--quiet",
+            *extra,
+        ]
         if "--idle-timeout" not in extra:  # a hold the data never reaches ends, not hangs
             args += ["--idle-timeout", "60"]
         env = {"GAGPO_LEARNER_HOLD": hold} if hold else None
@@ -178,8 +226,12 @@ class Run:
             seed += 100
             if kind == "commit":
                 held = self.work / f"actor-held-{seed}"
-                proc = self.actor(seed, "--follow", "--no-throttle",
-                                  hold=f"commit-shards:{self.rng.randint(1, 3)}:{held}")  # fmt: skip
+                proc = self.actor(
+                    seed,
+                    "--follow",
+                    "--no-throttle",
+                    hold=f"commit-shards:{self.rng.randint(1, 3)}:{held}",
+                )
                 if _wait_for(held, proc, 300):
                     self.figures.actor_commit_kills += 1
             else:
@@ -218,8 +270,10 @@ class Run:
         poller = threading.Thread(target=self.poll_latest, daemon=True)
         poller.start()
         try:
-            killers = [threading.Thread(target=self.kill_actors),
-                       threading.Thread(target=self.kill_learner)]  # fmt: skip
+            killers = [
+                threading.Thread(target=self.kill_actors),
+                threading.Thread(target=self.kill_learner),
+            ]
             # One steady actor supplies what the learner needs while both are under fire.
             steady = self.actor(1, "--groups", str(plan.updates + 2))
             for thread in killers:
@@ -317,8 +371,12 @@ def start_s3() -> object:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
-                      AWS_ENDPOINT_URL=endpoint, AWS_DEFAULT_REGION="us-east-1")  # fmt: skip
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="test",
+        AWS_SECRET_ACCESS_KEY="test",
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="gagpo-faults")
     return server
 
@@ -349,10 +407,13 @@ def main() -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     parser.add_argument("--work", help="folder for the stores and logs (default: a temp folder)")
     parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--cases", default="kills",
-                        help="comma-separated: kills (the run above), issue 21's race, "
-                        "outage, full-disk (benchmarks/faults/cases.py) and issue 33's "
-                        "node-loss, process-group (benchmarks/faults/round4.py)")  # fmt: skip
+    parser.add_argument(
+        "--cases",
+        default="kills",
+        help="comma-separated: kills (the run above), issue 21's race, "
+        "outage, full-disk (benchmarks/faults/cases.py) and issue 33's "
+        "node-loss, process-group (benchmarks/faults/round4.py)",
+    )
     args = parser.parse_args()
     plan = Plan(**{k: getattr(args, k) for k in asdict(Plan())})
     work = Path(args.work or tempfile.mkdtemp(prefix="gagpo-faults-"))

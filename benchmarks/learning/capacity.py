@@ -38,7 +38,9 @@ INIT_SEED = 20261130
 def parse_shape(text: str) -> tuple[int, int]:
     layers, _, width = text.lower().partition("x")
     if not (layers.isdigit() and width.isdigit() and int(width) % 32 == 0):
-        raise SystemExit(f"shape {text!r} not accepted; accepted: LxW with W a multiple of 32, e.g. 4x256")
+        raise SystemExit(
+            f"shape {text!r} not accepted; accepted: LxW with W a multiple of 32, e.g. 4x256"
+        )
     return int(layers), int(width)
 
 
@@ -53,7 +55,11 @@ def write_policy(layers: int, width: int, folder: Path) -> int:
     tiny = resolve_model("tiny")
     config = LlamaConfig.from_pretrained(tiny)  # tiny's, with another shape
     heads = max(4, width // 64)
-    config.hidden_size, config.num_hidden_layers, config.intermediate_size = width, layers, 2 * width
+    config.hidden_size, config.num_hidden_layers, config.intermediate_size = (
+        width,
+        layers,
+        2 * width,
+    )
     config.num_attention_heads = config.num_key_value_heads = heads
     config.head_dim = width // heads
     with torch.random.fork_rng(devices=[]), quiet_transformers():
@@ -122,8 +128,11 @@ def main() -> None:
     if not (out / "demos" / "shards").exists():
         t0 = time.time()
         demos = record_demonstrations(cfg, str(out / "demos"))
-        print(f"demonstrations: {demos.steps} steps, expert success {demos.success_rate:.1%} "
-              f"({time.time() - t0:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"demonstrations: {demos.steps} steps, expert success {demos.success_rate:.1%} "
+            f"({time.time() - t0:.0f} s)",
+            flush=True,
+        )
     todo = [s for s in shapes if s not in results]
     with ProcessPoolExecutor(max(1, args.jobs), mp_context=get_context("spawn")) as pool:
         futures = {
@@ -136,14 +145,18 @@ def main() -> None:
             r = results[shape]
             print(f"{shape}: done in {r['sft_s'] + r['eval_s']:.0f} s", flush=True)
 
-    print(f"\n{cfg.env} {json.dumps(cfg.env_options)}: {cfg.demos} demos, "
-          f"{cfg.updates} SFT updates (batch {cfg.batch_groups}, lr {cfg.lr})")  # fmt: skip
+    print(
+        f"\n{cfg.env} {json.dumps(cfg.env_options)}: {cfg.demos} demos, "
+        f"{cfg.updates} SFT updates (batch {cfg.batch_groups}, lr {cfg.lr})"
+    )
     print("| shape | parameters | NLL per action token | eval success | eval valid replies |")
     print("|---|---|---|---|---|")
     for shape in shapes:
         r = results[shape]
-        print(f"| {shape} | {r['parameters']:,} | {r['nll_first']:.3f} → {r['nll_last']:.3f} | "
-              f"{r['success_rate']:.1%} | {r['valid_rate']:.1%} |")  # fmt: skip
+        print(
+            f"| {shape} | {r['parameters']:,} | {r['nll_first']:.3f} → {r['nll_last']:.3f} | "
+            f"{r['success_rate']:.1%} | {r['valid_rate']:.1%} |"
+        )
 
 
 if __name__ == "__main__":

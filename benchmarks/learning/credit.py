@@ -35,8 +35,14 @@ from gagpo.schemas import columns as C
 from gagpo.workflows.credit import auc, label, within_state_auc
 
 ESTIMATORS = ("gagpo", "gagpo_lambda0", "gagpo_lambda1", "gigpo", "grpo", "rloo")
-LABELS = {"gagpo": "GAGPO (λ=0.8)", "gagpo_lambda0": "GAGPO λ=0", "gagpo_lambda1": "GAGPO λ=1",
-          "gigpo": "GiGPO", "grpo": "GRPO", "rloo": "RLOO"}  # fmt: skip
+LABELS = {
+    "gagpo": "GAGPO (λ=0.8)",
+    "gagpo_lambda0": "GAGPO λ=0",
+    "gagpo_lambda1": "GAGPO λ=1",
+    "gigpo": "GiGPO",
+    "grpo": "GRPO",
+    "rloo": "RLOO",
+}
 
 
 def credit(steps: pl.DataFrame, estimator: str) -> dict:
@@ -71,11 +77,16 @@ def read_steps(store: Path, max_version: int | None) -> pl.DataFrame:
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    lines = ["| estimator | stores | AUC (optimal vs other moves) | AUC within a state | separation "
-             "| advantage IQR |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| estimator | stores | AUC (optimal vs other moves) | AUC within a state | separation "
+        "| advantage IQR |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, rows in results.items():
-        cells = [f"{np.mean([r[k] for r in rows]):.3f} ± {np.std([r[k] for r in rows]):.3f}"
-                 for k in ("auc", "state_auc", "separation", "iqr")]  # fmt: skip
+        cells = [
+            f"{np.mean([r[k] for r in rows]):.3f} ± {np.std([r[k] for r in rows]):.3f}"
+            for k in ("auc", "state_auc", "separation", "iqr")
+        ]
         lines.append(f"| {LABELS.get(name, name)} | {len(rows)} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
@@ -84,8 +95,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stores", nargs="+", type=Path, required=True, help="Sokoban run stores")
     parser.add_argument("--estimators", default=",".join(ESTIMATORS))
-    parser.add_argument("--max-version", type=int, default=None,
-                        help="use only rollouts of policy versions up to this one")  # fmt: skip
+    parser.add_argument(
+        "--max-version",
+        type=int,
+        default=None,
+        help="use only rollouts of policy versions up to this one",
+    )
     args = parser.parse_args()
     results: dict[str, list[dict]] = {e: [] for e in args.estimators.split(",")}
     for store in args.stores:
@@ -93,9 +108,12 @@ def main() -> None:
         for name in results:
             r = credit(steps, name)
             results[name].append(r)
-            print(f"{store}  {LABELS.get(name, name):14s}  AUC {r['auc']:.3f}  separation "
-                  f"{r['separation']:.3f}  IQR {r['iqr']:.2f}  ({r['labelled_steps']} labelled steps, "
-                  f"{r['optimal_share']:.0%} optimal)", flush=True)  # fmt: skip
+            print(
+                f"{store}  {LABELS.get(name, name):14s}  AUC {r['auc']:.3f}  separation "
+                f"{r['separation']:.3f}  IQR {r['iqr']:.2f}  ({r['labelled_steps']} labelled steps, "
+                f"{r['optimal_share']:.0%} optimal)",
+                flush=True,
+            )
     print()
     print(table(results))
 

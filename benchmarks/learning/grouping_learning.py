@@ -63,8 +63,16 @@ def run_cell(args, mode: str, seed: int, env: dict) -> dict | None:
         "learner.updates": str(args.updates),
         "learner.estimator.state_grouping": mode,
     }
-    cmd = [sys.executable, "-m", "gagpo.workflows.cli", "run", "--recipe", str(RECIPE),
-           "--store", str(folder / "store")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "gagpo.workflows.cli",
+        "run",
+        "--recipe",
+        str(RECIPE),
+        "--store",
+        str(folder / "store"),
+    ]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
     t0 = time.time()
@@ -73,8 +81,12 @@ def run_cell(args, mode: str, seed: int, env: dict) -> dict | None:
     if code != 0:
         print(f"  {mode} seed {seed}: failed (exit {code}); see {folder / 'run.log'}", flush=True)
         return None
-    result = measure(folder / "store") | {"seconds": time.time() - t0, "mode": mode,
-                                          "seed": seed, "command": cmd}  # fmt: skip
+    result = measure(folder / "store") | {
+        "seconds": time.time() - t0,
+        "mode": mode,
+        "seed": seed,
+        "command": cmd,
+    }
     done.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -104,19 +116,29 @@ def report(results: list[dict], modes: list[str]) -> str:
     done = [r for r in results if r]
     versions = sorted({int(v) for r in done for v in r["curve"]})
     head = " | ".join(f"v{v}" for v in versions)
-    lines = [f"| mode | seeds | {head} | mean over versions |",
-             "|---|---|" + "---|" * len(versions) + "---|"]  # fmt: skip
+    lines = [
+        f"| mode | seeds | {head} | mean over versions |",
+        "|---|---|" + "---|" * len(versions) + "---|",
+    ]
     for mode in modes:
         rows = [r for r in results if r and r["mode"] == mode]
         if not rows:
             continue
-        curve = np.array([[r["curve"][str(v)] if str(v) in r["curve"] else r["curve"][v]
-                           for v in versions] for r in rows])  # fmt: skip
-        cells = " | ".join(f"{100 * m:.1f} ± {100 * d:.1f}"
-                           for m, d in zip(curve.mean(0), curve.std(0), strict=True))  # fmt: skip
+        curve = np.array(
+            [
+                [r["curve"][str(v)] if str(v) in r["curve"] else r["curve"][v] for v in versions]
+                for r in rows
+            ]
+        )
+        cells = " | ".join(
+            f"{100 * m:.1f} ± {100 * d:.1f}"
+            for m, d in zip(curve.mean(0), curve.std(0), strict=True)
+        )
         area = curve.mean(1)
-        lines.append(f"| {mode} | {len(rows)} | {cells} | {100 * area.mean():.1f} ± "
-                     f"{100 * area.std():.1f} % |")  # fmt: skip
+        lines.append(
+            f"| {mode} | {len(rows)} | {cells} | {100 * area.mean():.1f} ± "
+            f"{100 * area.std():.1f} % |"
+        )
     return "\n".join(lines)
 
 
@@ -144,8 +166,11 @@ def main() -> None:
             results.append(run_cell(args, mode, seed, env))
             if results[-1]:
                 r = results[-1]
-                print(f"  v0 {r['v0_success']:.1%} → v{r['last_version']} {r['last_success']:.1%}"
-                      f" ({r['seconds']:.0f} s)", flush=True)  # fmt: skip
+                print(
+                    f"  v0 {r['v0_success']:.1%} → v{r['last_version']} {r['last_success']:.1%}"
+                    f" ({r['seconds']:.0f} s)",
+                    flush=True,
+                )
     print(report(results, args.modes))
 
 

@@ -61,8 +61,16 @@ def run_cell(args, env: str, start: str, estimator: str, seed: int) -> dict | No
     }
     if args.group_size:
         sets["actors.group_size"] = str(args.group_size)
-    cmd = [sys.executable, "-m", "gagpo.workflows.cli", "run", "--recipe", args.recipes.get(env, env),
-           "--store", str(folder / "store")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "gagpo.workflows.cli",
+        "run",
+        "--recipe",
+        args.recipes.get(env, env),
+        "--store",
+        str(folder / "store"),
+    ]
     for item in [f"{key}={value}" for key, value in sets.items()] + args.sets:
         cmd += ["--set", item]
     if start == "untrained":
@@ -215,8 +223,11 @@ def heldout_panel(args, env: str, start: str, cells: dict[str, list[dict]]) -> l
     for ax, key in zip(axes[0], keys, strict=True):
         ax.set_xlabel("environment steps (trained rollouts generated before the version)")
         ax.set_ylabel(f"held-out {'success' if key == 'success' else 'valid-reply'} rate")
-        ax.set_title(f"{env}, {start} start: held-out {key} per version\n"
-                     "(the same tasks for every version; mean, min–max over seeds)", fontsize=10)  # fmt: skip
+        ax.set_title(
+            f"{env}, {start} start: held-out {key} per version\n"
+            "(the same tasks for every version; mean, min–max over seeds)",
+            fontsize=10,
+        )
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(HERE / f"{args.name}{env}_{start}.png", dpi=110)
@@ -308,10 +319,21 @@ def main() -> None:
     parser.add_argument("--target-gain", type=float, default=0.05)
     parser.add_argument("--out", type=Path, default=HERE / "runs")
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--recipe", action="append", default=[], metavar="ENV=RECIPE",
-                        help="the recipe of an env's cells (default: the env's own recipe)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
-                        help="extra --set for every cell (same for every estimator)")
+    parser.add_argument(
+        "--recipe",
+        action="append",
+        default=[],
+        metavar="ENV=RECIPE",
+        help="the recipe of an env's cells (default: the env's own recipe)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="extra --set for every cell (same for every estimator)",
+    )
     parser.add_argument("--name", default="", help="prefix of the plots' file names")
     args = parser.parse_args()
     args.envs, args.starts = args.envs.split(","), args.starts.split(",")
@@ -320,8 +342,13 @@ def main() -> None:
     args.recipes = dict(item.split("=", 1) for item in args.recipe)
     os.environ.setdefault("GAGPO_CACHE", str(Path.cwd() / ".cache" / "gagpo"))
     if not args.report_only:
-        cells = [(e, st, est, s) for e in args.envs for st in args.starts for s in args.seeds
-                 for est in args.estimators]  # fmt: skip
+        cells = [
+            (e, st, est, s)
+            for e in args.envs
+            for st in args.starts
+            for s in args.seeds
+            for est in args.estimators
+        ]
         for i, (env, start, est, seed) in enumerate(cells, 1):
             marker = cell_dir(args.out, env, start, est, seed) / "result.json"
             state = "done, skipped" if marker.is_file() else "running"

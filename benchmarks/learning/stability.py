@@ -29,13 +29,19 @@ def arm_rows(root: Path, arm: str) -> list[dict]:
     for done in sorted((root / arm).glob("sokoban/warm/gagpo/seed*/result.json")):
         held = json.loads(done.read_text())["heldout"]
         rate = np.array(held["success"]) * 100
-        late = rate[len(rate) // 3 + 1:]
-        rows.append({
-            "seed": done.parent.name, "versions": held["versions"], "rate": rate,
-            "last": rate[-1], "gain": rate[-1] - rate[0],
-            "worst_fall": float(np.max(np.maximum(rate[:-1] - rate[1:], 0))),
-            "below_best": float(rate.max() - rate[-1]), "late_std": float(late.std()),
-        })  # fmt: skip
+        late = rate[len(rate) // 3 + 1 :]
+        rows.append(
+            {
+                "seed": done.parent.name,
+                "versions": held["versions"],
+                "rate": rate,
+                "last": rate[-1],
+                "gain": rate[-1] - rate[0],
+                "worst_fall": float(np.max(np.maximum(rate[:-1] - rate[1:], 0))),
+                "below_best": float(rate.max() - rate[-1]),
+                "late_std": float(late.std()),
+            }
+        )
     return rows
 
 
@@ -58,7 +64,9 @@ def plot(arms: dict[str, list[dict]], path: Path) -> None:
         ax.fill_between(versions, rates.min(0), rates.max(0), color=colour, alpha=0.2)
     ax.set_xlabel("policy version (update)")
     ax.set_ylabel("held-out success (%)")
-    ax.set_title("demo recipe, GAGPO: learning-rate schedule (mean, min–max over seeds)", fontsize=9)
+    ax.set_title(
+        "demo recipe, GAGPO: learning-rate schedule (mean, min–max over seeds)", fontsize=9
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -74,9 +82,11 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=HERE / "stability_sokoban.png")
     args = parser.parse_args()
     arms = {}
-    table = ["| lr_schedule | seeds | held-out v0 | last version | gain | worst fall between "
-             "evaluated versions | last below best | spread of later versions (std) |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    table = [
+        "| lr_schedule | seeds | held-out v0 | last version | gain | worst fall between "
+        "evaluated versions | last below best | spread of later versions (std) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for arm in args.arms.split(","):
         rows = arm_rows(args.runs, arm)
         if not rows:
@@ -87,8 +97,10 @@ def main() -> None:
             curve = " ".join(f"{x:.1f}" for x in r["rate"])
             print(f"{arm:>8} {r['seed']}: v{r['versions'][0]}…v{r['versions'][-1]}: {curve}")
 
-        cells = [_mean_std([r[key] for r in rows])
-                 for key in ("last", "gain", "worst_fall", "below_best", "late_std")]  # fmt: skip
+        cells = [
+            _mean_std([r[key] for r in rows])
+            for key in ("last", "gain", "worst_fall", "below_best", "late_std")
+        ]
         table.append(f"| {arm} | {len(rows)} | {rows[0]['rate'][0]:.1f} % | {' | '.join(cells)} |")
     print("\n".join(table))
     if arms:

@@ -24,15 +24,17 @@ from gagpo.schemas.errors import GagpoError
 COOKIE = "gagpo_view_token"
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
 SECURITY_HEADERS = [
-    (b"content-security-policy",
-     b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-     b"img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
-     b"form-action 'self'"),
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        b"img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+        b"form-action 'self'",
+    ),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-store"),
-]  # fmt: skip
+]
 
 
 def is_loopback(host: str) -> bool:
@@ -77,15 +79,23 @@ class Guard:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.loopback and not is_loopback(_host_name(headers.get("host", ""))):
-            await _refuse(send, 403, "this server answers requests to localhost only "
-                          "(the Host header names another host)")  # fmt: skip
+            await _refuse(
+                send,
+                403,
+                "this server answers requests to localhost only "
+                "(the Host header names another host)",
+            )
             return
         set_cookie = False
         if self.token:
             given, in_url = _given_token(scope, headers)
             if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):
-                await _refuse(send, 401, "this server needs its access token: open the URL "
-                              "printed when it started (…?token=…)")  # fmt: skip
+                await _refuse(
+                    send,
+                    401,
+                    "this server needs its access token: open the URL "
+                    "printed when it started (…?token=…)",
+                )
                 return
             set_cookie = in_url and _cookie(headers) != self.token
 
@@ -93,8 +103,12 @@ class Guard:
             if message["type"] == "http.response.start":
                 extra = list(SECURITY_HEADERS)
                 if set_cookie:
-                    extra.append((b"set-cookie", f"{COOKIE}={self.token}; HttpOnly; "
-                                  "SameSite=Strict; Path=/".encode()))  # fmt: skip
+                    extra.append(
+                        (
+                            b"set-cookie",
+                            f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/".encode(),
+                        )
+                    )
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
@@ -123,7 +137,15 @@ def _given_token(scope, headers: dict[str, str]) -> tuple[str | None, bool]:
 
 async def _refuse(send, status: int, line: str) -> None:
     body = (line + "\n").encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode()), *SECURITY_HEADERS]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                *SECURITY_HEADERS,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -31,11 +31,23 @@ from gagpo.pipeline.view.access import Guard, check_bind, is_loopback
 from gagpo.schemas.errors import GagpoError
 
 STATIC = "gagpo.pipeline.view"  # the package whose static/ folder holds the assets
-TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-         ".css": "text/css; charset=utf-8", ".txt": "text/plain; charset=utf-8"}  # fmt: skip
-ESTIMATOR_PARAMS = {"gamma": float, "lam": float, "eps": float, "omega": float,
-                    "omega_episode": float, "norm": str, "state_grouping": str,
-                    "variant": str, "step_std": bool}  # fmt: skip
+TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".txt": "text/plain; charset=utf-8",
+}
+ESTIMATOR_PARAMS = {
+    "gamma": float,
+    "lam": float,
+    "eps": float,
+    "omega": float,
+    "omega_episode": float,
+    "norm": str,
+    "state_grouping": str,
+    "variant": str,
+    "step_std": bool,
+}
 DEFAULT_COMPARE = "grpo,gigpo,gagpo_lambda0,gagpo"
 MAX_SHOWN_ROWS = 1000  # rows of a SQL result shown as a table (the CSV holds all)
 
@@ -63,9 +75,14 @@ def one_line(status: int, text: str) -> PlainTextResponse:
     return PlainTextResponse(line + "\n", status_code=status)
 
 
-def create_app(stores: list[data.StoreSession], *, host: str = "127.0.0.1",
-               token: str | None = None, sql_limits: Limits | None = None,
-               oracle: data.StepOracle | None = None) -> Any:  # fmt: skip
+def create_app(
+    stores: list[data.StoreSession],
+    *,
+    host: str = "127.0.0.1",
+    token: str | None = None,
+    sql_limits: Limits | None = None,
+    oracle: data.StepOracle | None = None,
+) -> Any:
     """The ASGI app over `stores` (the first is the default), guarded for `host`; with
     `oracle`, the compare page shows which moves were optimal and each estimator's credit
     AUC (workflows/view.py passes Sokoban's solver)."""
@@ -79,8 +96,7 @@ def create_app(stores: list[data.StoreSession], *, host: str = "127.0.0.1",
     def store_of(request: Request) -> data.StoreSession:
         label = request.query_params.get("store") or stores[0].label
         if label not in by_label:
-            raise data.NotFound(f"store {label!r} is not served; accepted: "
-                                f"{', '.join(by_label)}")  # fmt: skip
+            raise data.NotFound(f"store {label!r} is not served; accepted: {', '.join(by_label)}")
         return by_label[label]
 
     def page(name: str) -> Response:
@@ -125,8 +141,15 @@ def create_app(stores: list[data.StoreSession], *, host: str = "127.0.0.1",
         limit = 50 if limit is None else limit
         if not 1 <= limit <= 1000:
             raise GagpoError(f"limit {limit} is out of range; accepted: 1 to 1000")
-        return JSON(data.group_list(store_of(request), version=version, task=q.get("task") or None,
-                                    order=q.get("order") or "spread", limit=limit))  # fmt: skip
+        return JSON(
+            data.group_list(
+                store_of(request),
+                version=version,
+                task=q.get("task") or None,
+                order=q.get("order") or "spread",
+                limit=limit,
+            )
+        )
 
     def api_choices(request: Request) -> Response:
         return JSON(data.choices(store_of(request)))
@@ -145,8 +168,15 @@ def create_app(stores: list[data.StoreSession], *, host: str = "127.0.0.1",
             raise GagpoError("estimators: accepted: 1 to 8 names separated by commas")
         params = _params(q)
         chosen = [(n, _params_for(n, params)) for n in names]
-        return JSON(data.compare_view(store_of(request), q.get("group") or "", chosen,
-                                      oracle=oracle, traj_id=q.get("traj") or None))  # fmt: skip
+        return JSON(
+            data.compare_view(
+                store_of(request),
+                q.get("group") or "",
+                chosen,
+                oracle=oracle,
+                traj_id=q.get("traj") or None,
+            )
+        )
 
     def api_pools(request: Request) -> Response:
         return JSON(data.pools_view(store_of(request)))
@@ -163,8 +193,14 @@ def create_app(stores: list[data.StoreSession], *, host: str = "127.0.0.1",
 
         table = await run_in_threadpool(_sql, store, query, sql_limits)
         columns, rows = _csv_rows(table)
-        return JSON({"columns": columns, "rows": rows[:MAX_SHOWN_ROWS], "total": len(rows),
-                     "group_column": "group_id" in columns})  # fmt: skip
+        return JSON(
+            {
+                "columns": columns,
+                "rows": rows[:MAX_SHOWN_ROWS],
+                "total": len(rows),
+                "group_column": "group_id" in columns,
+            }
+        )
 
     def api_sql_csv(request: Request) -> Response:
         store, query = store_of(request), request.query_params.get("query") or ""
@@ -176,15 +212,23 @@ def create_app(stores: list[data.StoreSession], *, host: str = "127.0.0.1",
         )
 
     routes = [
-        Route("/", run_page), Route("/run", run_page), Route("/group", group_page),
-        Route("/compare", group_page), Route("/sql", sql_page), Route("/pools", pools_page),
+        Route("/", run_page),
+        Route("/run", run_page),
+        Route("/group", group_page),
+        Route("/compare", group_page),
+        Route("/sql", sql_page),
+        Route("/pools", pools_page),
         Route("/static/{name}", static),
-        Route("/api/stores", api_stores), Route("/api/run", api_run),
-        Route("/api/groups", api_groups), Route("/api/choices", api_choices),
-        Route("/api/group", api_group), Route("/api/compare", api_compare),
-        Route("/api/pools", api_pools), Route("/api/sql", api_sql, methods=["POST"]),
+        Route("/api/stores", api_stores),
+        Route("/api/run", api_run),
+        Route("/api/groups", api_groups),
+        Route("/api/choices", api_choices),
+        Route("/api/group", api_group),
+        Route("/api/compare", api_compare),
+        Route("/api/pools", api_pools),
+        Route("/api/sql", api_sql, methods=["POST"]),
         Route("/api/sql.csv", api_sql_csv),
-    ]  # fmt: skip
+    ]
     handlers = {HTTPException: _http_error, GagpoError: _user_error, Exception: _server_error}
     app = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
     app.state.stores = stores
@@ -246,12 +290,14 @@ def _params(q) -> dict[str, Any]:
 
 
 # Which of the shared parameters each estimator takes (the compare page sends one set).
-_TAKES = {"gagpo": {"gamma", "lam", "norm", "eps", "state_grouping", "omega_episode"},
-          "gagpo_lambda0": {"gamma", "norm", "eps", "state_grouping", "omega_episode"},
-          "gagpo_lambda1": {"gamma", "norm", "eps", "state_grouping", "omega_episode"},
-          "gigpo": {"gamma", "norm", "eps", "state_grouping", "omega", "step_std", "variant"},
-          "grpo": {"gamma", "norm", "eps", "state_grouping"},
-          "rloo": {"gamma", "eps", "state_grouping"}}  # fmt: skip
+_TAKES = {
+    "gagpo": {"gamma", "lam", "norm", "eps", "state_grouping", "omega_episode"},
+    "gagpo_lambda0": {"gamma", "norm", "eps", "state_grouping", "omega_episode"},
+    "gagpo_lambda1": {"gamma", "norm", "eps", "state_grouping", "omega_episode"},
+    "gigpo": {"gamma", "norm", "eps", "state_grouping", "omega", "step_std", "variant"},
+    "grpo": {"gamma", "norm", "eps", "state_grouping"},
+    "rloo": {"gamma", "eps", "state_grouping"},
+}
 
 
 def _params_for(name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -261,8 +307,11 @@ def _params_for(name: str, params: dict[str, Any]) -> dict[str, Any]:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return one_line(404, f"not found: {request.url.path[:200]} is not a page of gagpo view "
-                        "(pages: /, /group, /compare, /pools, /sql)")  # fmt: skip
+        return one_line(
+            404,
+            f"not found: {request.url.path[:200]} is not a page of gagpo view "
+            "(pages: /, /group, /compare, /pools, /sql)",
+        )
     return one_line(exc.status_code, exc.detail or "refused")
 
 

@@ -48,12 +48,22 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise GagpoError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); accepted: "
-                             "a free --port, an address of this machine as --host") from None  # fmt: skip
+            raise GagpoError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}); accepted: "
+                "a free --port, an address of this machine as --host"
+            ) from None
 
 
-def serve(store_specs: tuple[str, ...], host: str, port: int, token: str | None, gamma: float,
-          timeout_s: float, memory_limit: str, oracle: StepOracle | None = None) -> None:  # fmt: skip
+def serve(
+    store_specs: tuple[str, ...],
+    host: str,
+    port: int,
+    token: str | None,
+    gamma: float,
+    timeout_s: float,
+    memory_limit: str,
+    oracle: StepOracle | None = None,
+) -> None:
     """What `gagpo view` does once parsed (workflows/view.py, which passes the environments'
     step `oracle`): check the bind and the stores, print the URL, serve until stopped."""
     from gagpo.schemas.extras import require
@@ -82,11 +92,14 @@ def serve(store_specs: tuple[str, ...], host: str, port: int, token: str | None,
             "gagpo view: the access token above was generated for this run (--token sets one)"
         )
     if is_loopback(host):
-        click.echo(f"gagpo view: from another machine: ssh -N -L {port}:127.0.0.1:{port} "
-                   "USER@THIS-HOST, then open the URL there")  # fmt: skip
+        click.echo(
+            f"gagpo view: from another machine: ssh -N -L {port}:127.0.0.1:{port} "
+            "USER@THIS-HOST, then open the URL there"
+        )
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False,
-                    access_log=False)  # fmt: skip
+        uvicorn.run(
+            app, host=host, port=port, log_level="warning", server_header=False, access_log=False
+        )
     finally:
         for store in stores:
             store.close()

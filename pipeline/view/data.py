@@ -131,11 +131,29 @@ class StoreSession:
 
 # --- the run page ----------------------------------------------------------------------
 
-LEARNER_COLUMNS = ("loss", "pg_loss", "approx_kl", "kl_ref", "clip_frac", "entropy",
-                   "behavior_weight_mean", "behavior_weight_max", "mismatch_kl",
-                   "staleness_mean", "staleness_max", "stale_groups", "stale_groups_total",
-                   "tokens_per_s", "update_s", "wait_s", "grad_norm", "lr", "groups", "steps",
-                   "time")  # fmt: skip
+LEARNER_COLUMNS = (
+    "loss",
+    "pg_loss",
+    "approx_kl",
+    "kl_ref",
+    "clip_frac",
+    "entropy",
+    "behavior_weight_mean",
+    "behavior_weight_max",
+    "mismatch_kl",
+    "staleness_mean",
+    "staleness_max",
+    "stale_groups",
+    "stale_groups_total",
+    "tokens_per_s",
+    "update_s",
+    "wait_s",
+    "grad_norm",
+    "lr",
+    "groups",
+    "steps",
+    "time",
+)
 
 
 def run_data(session: StoreSession) -> dict:
@@ -149,27 +167,37 @@ def run_data(session: StoreSession) -> dict:
     for row in versions:  # environment steps per second of the actors, per version
         seconds = row.pop("seconds")
         row["steps_per_s"] = row["steps"] / seconds if seconds and seconds > 0 else None
-    heldout = session.rows("SELECT policy_version, rollouts, success_rate, mean_return "
-                           "FROM heldout ORDER BY policy_version")  # fmt: skip
+    heldout = session.rows(
+        "SELECT policy_version, rollouts, success_rate, mean_return "
+        "FROM heldout ORDER BY policy_version"
+    )
     for row in heldout:
         n = int(row["rollouts"] or 0)
         low, high = wilson((row["success_rate"] or 0.0) * n, n)
         row["low"], row["high"] = low, high
-    present = {row["column_name"] for row in session.rows(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'learner_metrics'"
-    )}  # fmt: skip
+    present = {
+        row["column_name"]
+        for row in session.rows(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'learner_metrics'"
+        )
+    }
     wanted = [name for name in LEARNER_COLUMNS if name in present]
     learner = session.rows(
         'SELECT "update", version'
         + "".join(f', "{name}"' for name in wanted)
         + ' FROM learner_metrics ORDER BY "update"'
     )
-    return {"store": session.label, "versions": versions, "heldout": heldout,
-            "learner": learner}  # fmt: skip
+    return {"store": session.label, "versions": versions, "heldout": heldout, "learner": learner}
 
 
-def group_list(session: StoreSession, *, version: int | None = None, task: str | None = None,
-               order: str = "spread", limit: int = 50) -> list[dict]:  # fmt: skip
+def group_list(
+    session: StoreSession,
+    *,
+    version: int | None = None,
+    task: str | None = None,
+    order: str = "spread",
+    limit: int = 50,
+) -> list[dict]:
     """Groups for the choosers and the run page's table: of one policy version and task
     when given; ordered by the spread of their rollouts' returns (where credit has
     something to tell) or newest first."""
@@ -182,9 +210,11 @@ def group_list(session: StoreSession, *, version: int | None = None, task: str |
         params.append(check_id(task, "task"))
     if order not in ("spread", "newest"):
         raise GagpoError(f"order {order!r} is not known; accepted: spread, newest")
-    sort = ("max(ret) - min(ret) DESC, min(started) DESC" if order == "spread"
-            else "min(started) DESC")  # fmt: skip
-    return session.rows(f"""
+    sort = (
+        "max(ret) - min(ret) DESC, min(started) DESC" if order == "spread" else "min(started) DESC"
+    )
+    return session.rows(
+        f"""
         WITH rollouts AS (
             SELECT group_id, traj_id, any_value(task_id) AS task_id,
                    min(policy_version) AS policy_version, count(*) AS steps,
@@ -196,32 +226,62 @@ def group_list(session: StoreSession, *, version: int | None = None, task: str |
                count(*) AS rollouts, sum(steps)::BIGINT AS steps, avg(won::DOUBLE) AS success_rate,
                avg(ret) AS mean_return, max(ret) - min(ret) AS return_spread
         FROM rollouts GROUP BY group_id ORDER BY {sort}, group_id LIMIT {int(limit)}
-    """, params)  # fmt: skip
+    """,
+        params,
+    )
 
 
 def choices(session: StoreSession) -> dict:
     """What the group page's chooser offers: policy versions and stored estimator tags."""
-    versions = [r["version"] for r in session.rows(
-        "SELECT version FROM policy_versions WHERE steps > 0 ORDER BY version")]  # fmt: skip
+    versions = [
+        r["version"]
+        for r in session.rows(
+            "SELECT version FROM policy_versions WHERE steps > 0 ORDER BY version"
+        )
+    ]
     tags = session.rows("SELECT estimator, name, params FROM estimators ORDER BY estimator")
     return {"versions": versions, "tags": tags, "estimators": list(ESTIMATOR_NAMES)}
 
 
 # --- the group page --------------------------------------------------------------------
 
-STEP_COLUMNS = (C.GROUP_ID, C.TRAJ_ID, C.STEP, C.ENV, C.TASK_ID, C.STATE_KEY, C.NEXT_STATE_KEY,
-                C.OBSERVATION, C.ACTION_TEXT, C.ACTION_IDS, C.BEHAVIOR_LOGPROBS,
-                C.POLICY_VERSION, C.REWARD, C.DONE, C.TRUNCATED, C.ACTION_VALID, C.WON)  # fmt: skip
-ADVANTAGE_COLUMNS = (C.RETURN, C.VALUE_PROXY, C.NEXT_VALUE_PROXY, C.TD_RESIDUAL,
-                     C.ADVANTAGE_RAW, C.ADVANTAGE, C.STATE_GROUP_SIZE)  # fmt: skip
+STEP_COLUMNS = (
+    C.GROUP_ID,
+    C.TRAJ_ID,
+    C.STEP,
+    C.ENV,
+    C.TASK_ID,
+    C.STATE_KEY,
+    C.NEXT_STATE_KEY,
+    C.OBSERVATION,
+    C.ACTION_TEXT,
+    C.ACTION_IDS,
+    C.BEHAVIOR_LOGPROBS,
+    C.POLICY_VERSION,
+    C.REWARD,
+    C.DONE,
+    C.TRUNCATED,
+    C.ACTION_VALID,
+    C.WON,
+)
+ADVANTAGE_COLUMNS = (
+    C.RETURN,
+    C.VALUE_PROXY,
+    C.NEXT_VALUE_PROXY,
+    C.TD_RESIDUAL,
+    C.ADVANTAGE_RAW,
+    C.ADVANTAGE,
+    C.STATE_GROUP_SIZE,
+)
 
 
 def group_steps(session: StoreSession, group_id: str) -> pa.Table:
     """The group's steps, rollout by rollout, turn by turn; NotFound when it has none."""
     group_id = check_id(group_id, "group")
     columns = ", ".join(f'"{name}"' for name in STEP_COLUMNS)
-    table = session.query(f"SELECT {columns} FROM steps WHERE group_id = ? ORDER BY traj_id, step",
-                          [group_id])  # fmt: skip
+    table = session.query(
+        f"SELECT {columns} FROM steps WHERE group_id = ? ORDER BY traj_id, step", [group_id]
+    )
     if table.num_rows == 0:
         raise NotFound(f"group {group_id!r} is not in store {session.label!r}")
     return table
@@ -233,13 +293,16 @@ def estimator_choice(choice: str, params: dict[str, Any]) -> tuple[str | None, A
     if choice.startswith(STORED):
         return check_id(choice[len(STORED) :], "estimator tag"), None
     if choice not in ESTIMATOR_NAMES:
-        raise GagpoError(f"estimator {choice!r} is not known; accepted: "
-                         f"{', '.join(ESTIMATOR_NAMES)} or stored:<tag>")  # fmt: skip
+        raise GagpoError(
+            f"estimator {choice!r} is not known; accepted: "
+            f"{', '.join(ESTIMATOR_NAMES)} or stored:<tag>"
+        )
     return None, parse_estimator_config({"estimator": choice, **params})
 
 
-def group_advantages(session: StoreSession, steps: pa.Table, tag: str | None,
-                     config: Any) -> pl.DataFrame:  # fmt: skip
+def group_advantages(
+    session: StoreSession, steps: pa.Table, tag: str | None, config: Any
+) -> pl.DataFrame:
     """traj_id, step, pool_id and the advantages columns of the group's steps: the stored
     table of `tag`, or the stage recomputed under `config` on these rows only."""
     if tag is not None:
@@ -295,13 +358,15 @@ def group_view(session: StoreSession, group_id: str, choice: str, params: dict) 
     )
     rollouts = []
     for (traj_id,), part in frame.group_by(C.TRAJ_ID, maintain_order=True):
-        rollouts.append({
-            "traj_id": traj_id,
-            "return": float(part[C.REWARD].sum()),
-            "won": bool(part[C.WON].any()),
-            "length": part.height,
-            "steps": [_step(row) for row in part.iter_rows(named=True)],
-        })  # fmt: skip
+        rollouts.append(
+            {
+                "traj_id": traj_id,
+                "return": float(part[C.REWARD].sum()),
+                "won": bool(part[C.WON].any()),
+                "length": part.height,
+                "steps": [_step(row) for row in part.iter_rows(named=True)],
+            }
+        )
     first = steps.slice(0, 1).to_pylist()[0]
     return {
         "store": session.label,
@@ -334,13 +399,19 @@ def _step(row: dict) -> dict:
         observation = observation[:MAX_OBSERVATION] + f"\n… ({len(row[C.OBSERVATION])} characters)"
     ids, logprobs = row[C.ACTION_IDS] or [], row[C.BEHAVIOR_LOGPROBS] or []
     return {
-        "step": row[C.STEP], "state_key": row[C.STATE_KEY], "pool_id": row[POOL_ID],
-        "observation": observation, "action": row[C.ACTION_TEXT], "reward": row[C.REWARD],
-        "valid": row[C.ACTION_VALID], "won": row[C.WON], "done": row[C.DONE],
+        "step": row[C.STEP],
+        "state_key": row[C.STATE_KEY],
+        "pool_id": row[POOL_ID],
+        "observation": observation,
+        "action": row[C.ACTION_TEXT],
+        "reward": row[C.REWARD],
+        "valid": row[C.ACTION_VALID],
+        "won": row[C.WON],
+        "done": row[C.DONE],
         "truncated": row[C.TRUNCATED],
         "tokens": [[i, lp] for i, lp in zip(ids, logprobs, strict=False)] if logprobs else [],
         **{name: row[name] for name in ADVANTAGE_COLUMNS},
-    }  # fmt: skip
+    }
 
 
 class StepOracle(Protocol):
@@ -358,8 +429,13 @@ class StepOracle(Protocol):
         ...
 
 
-def compare_view(session: StoreSession, group_id: str, choices_: list[tuple[str, dict]],
-                 oracle: StepOracle | None = None, traj_id: str | None = None) -> dict:  # fmt: skip
+def compare_view(
+    session: StoreSession,
+    group_id: str,
+    choices_: list[tuple[str, dict]],
+    oracle: StepOracle | None = None,
+    traj_id: str | None = None,
+) -> dict:
     """One group, or one of its rollouts (`traj_id`), under several estimators: each step's
     advantage per estimator, and the zero-advantage share and IQR of each; with an oracle
     for the environment, which moves were optimal and each estimator's credit AUC over the
@@ -374,40 +450,59 @@ def compare_view(session: StoreSession, group_id: str, choices_: list[tuple[str,
     base = shown.select(C.TRAJ_ID, C.STEP, C.STATE_KEY, C.ACTION_TEXT, C.REWARD, C.ACTION_VALID)  # type: ignore[union-attr]
     labels = oracle.label(shown) if oracle is not None else None  # type: ignore[arg-type]
     if labels is not None:
-        base = base.join(labels.select(C.TRAJ_ID, C.STEP, "move", "optimal"),
-                         on=[C.TRAJ_ID, C.STEP], how="left")  # fmt: skip
+        base = base.join(
+            labels.select(C.TRAJ_ID, C.STEP, "move", "optimal"), on=[C.TRAJ_ID, C.STEP], how="left"
+        )
     columns, summaries = [], []
     for i, (choice, params) in enumerate(choices_):
         tag, config = estimator_choice(choice, params)
         table = group_advantages(session, steps, tag, config)
         table = table.join(base.select(C.TRAJ_ID, C.STEP), on=[C.TRAJ_ID, C.STEP], how="semi")
         name = f"a{i}"
-        base = base.join(table.select(C.TRAJ_ID, C.STEP, pl.col(C.ADVANTAGE).alias(name)),
-                         on=[C.TRAJ_ID, C.STEP], how="left")  # fmt: skip
+        base = base.join(
+            table.select(C.TRAJ_ID, C.STEP, pl.col(C.ADVANTAGE).alias(name)),
+            on=[C.TRAJ_ID, C.STEP],
+            how="left",
+        )
         columns.append({"choice": choice, "tag": tag or config.tag})
         summary = credit_summary(table[C.ADVANTAGE])
         if labels is not None:
-            scored = labels.join(table.select(C.TRAJ_ID, C.STEP, C.ADVANTAGE),
-                                 on=[C.TRAJ_ID, C.STEP])  # fmt: skip
+            scored = labels.join(
+                table.select(C.TRAJ_ID, C.STEP, C.ADVANTAGE), on=[C.TRAJ_ID, C.STEP]
+            )
             summary.update(oracle.score(scored), labelled=scored.height)  # type: ignore[union-attr]
         summaries.append(summary)
     base = base.sort(C.TRAJ_ID, C.STEP)
     judged = None
     if labels is not None:
-        judged = {"name": oracle.name, "labelled": labels.height,  # type: ignore[union-attr]
-                  "optimal": int(labels["optimal"].sum())}  # fmt: skip
+        judged = {
+            "name": oracle.name,
+            "labelled": labels.height,  # type: ignore[union-attr]
+            "optimal": int(labels["optimal"].sum()),
+        }
     return {
-        "store": session.label, "group_id": group_id, "traj_id": traj_id,
+        "store": session.label,
+        "group_id": group_id,
+        "traj_id": traj_id,
         "trajectories": frame[C.TRAJ_ID].unique(maintain_order=True).to_list(),  # type: ignore[index]
-        "estimators": columns, "summaries": summaries, "oracle": judged,
+        "estimators": columns,
+        "summaries": summaries,
+        "oracle": judged,
         "rows": [
-            {"traj_id": r[C.TRAJ_ID], "step": r[C.STEP], "state_key": r[C.STATE_KEY],
-             "action": r[C.ACTION_TEXT], "reward": r[C.REWARD], "valid": r[C.ACTION_VALID],
-             "move": r.get("move"), "optimal": r.get("optimal"),
-             "advantages": [r[f"a{i}"] for i in range(len(choices_))]}
+            {
+                "traj_id": r[C.TRAJ_ID],
+                "step": r[C.STEP],
+                "state_key": r[C.STATE_KEY],
+                "action": r[C.ACTION_TEXT],
+                "reward": r[C.REWARD],
+                "valid": r[C.ACTION_VALID],
+                "move": r.get("move"),
+                "optimal": r.get("optimal"),
+                "advantages": [r[f"a{i}"] for i in range(len(choices_))],
+            }
             for r in base.iter_rows(named=True)
         ],
-    }  # fmt: skip
+    }
 
 
 # --- the pools page --------------------------------------------------------------------
@@ -427,15 +522,19 @@ def pools_view(session: StoreSession, limit: int = 30) -> dict:
     give its pools, steps and singletons, and the size the `limit`-th largest pool has;
     only steps in pools at least that large are then read with their states. Groups
     without advantages are pooled from `steps`, and only when no tag covers every step."""
-    tags = session.rows("SELECT estimator, coalesce(json_extract_string(params, "
-                        "'$.state_grouping'), 'exact') AS state_grouping FROM estimators "
-                        "ORDER BY estimator")  # fmt: skip
+    tags = session.rows(
+        "SELECT estimator, coalesce(json_extract_string(params, "
+        "'$.state_grouping'), 'exact') AS state_grouping FROM estimators "
+        "ORDER BY estimator"
+    )
     total = session.rows("SELECT count(*) AS n FROM steps")[0]["n"]
     modes, sizes = [], []  # sizes: (pool size, pools of that size) over every mode
     for tag in tags:
-        by_size = session.rows("SELECT state_group_size AS visits, count(*) AS steps FROM "
-                               "advantages WHERE estimator = ? GROUP BY visits",
-                               [tag["estimator"]])  # fmt: skip
+        by_size = session.rows(
+            "SELECT state_group_size AS visits, count(*) AS steps FROM "
+            "advantages WHERE estimator = ? GROUP BY visits",
+            [tag["estimator"]],
+        )
         counts = [(r["visits"], r["steps"] // r["visits"]) for r in by_size]
         modes.append({**tag, **_mode(counts)})
         sizes += counts
@@ -444,15 +543,19 @@ def pools_view(session: StoreSession, limit: int = 30) -> dict:
         by_size = session.rows(f"""
             SELECT visits, count(*) AS pools FROM (SELECT count(*) AS visits FROM {UNSCORED}
                                                    GROUP BY group_id, state_key)
-            GROUP BY visits""")  # fmt: skip
+            GROUP BY visits""")
         counts = [(r["visits"], r["pools"]) for r in by_size]
         if counts:
             modes.append({"estimator": None, "state_grouping": "exact", **_mode(counts)})
             sizes += counts
     least = _least_shown(sizes, limit)
-    exact_groups = (f"UNION ALL SELECT NULL, group_id, state_key, state_key, NULL FROM {UNSCORED}"
-                    if unscored else "")  # fmt: skip
-    largest = session.rows(f"""
+    exact_groups = (
+        f"UNION ALL SELECT NULL, group_id, state_key, state_key, NULL FROM {UNSCORED}"
+        if unscored
+        else ""
+    )
+    largest = session.rows(
+        f"""
         SELECT estimator, group_id, pool_id, count(*) AS visits,
                count(DISTINCT state_key) AS states, any_value(value_proxy) AS value_proxy
         FROM (SELECT estimator, group_id, coalesce(pool_id, state_key) AS pool_id, state_key,
@@ -460,19 +563,24 @@ def pools_view(session: StoreSession, limit: int = 30) -> dict:
               FROM advantages WHERE state_group_size >= $least {exact_groups})
         GROUP BY estimator, group_id, pool_id HAVING count(*) >= $least
         ORDER BY visits DESC, estimator, group_id, pool_id LIMIT $limit
-    """, {"least": least, "limit": int(limit)})  # fmt: skip
+    """,
+        {"least": least, "limit": int(limit)},
+    )
     _fill_value_proxies(session, [r for r in largest if r["estimator"] is None])
     merging = [t["estimator"] for t in tags if t["state_grouping"] != "exact"]
     merged = []
     if merging:  # an exact tag's pool is one state: nothing to read
-        merged = session.rows("""
+        merged = session.rows(
+            """
             SELECT estimator, group_id, pool_id, list(DISTINCT state_key ORDER BY state_key)
                    AS states, count(*) AS visits
             FROM (SELECT estimator, group_id, coalesce(pool_id, state_key) AS pool_id, state_key
                   FROM advantages WHERE estimator = ANY(?) AND state_group_size > 1)
             GROUP BY estimator, group_id, pool_id HAVING count(DISTINCT state_key) > 1
             ORDER BY visits DESC, estimator, group_id, pool_id LIMIT ?
-        """, [merging, int(limit)])  # fmt: skip
+        """,
+            [merging, int(limit)],
+        )
         grouping = {t["estimator"]: t["state_grouping"] for t in tags}
         for row in merged:
             row["state_grouping"] = grouping[row["estimator"]]
@@ -483,8 +591,11 @@ def _mode(counts: list[tuple[int, int]]) -> dict:
     """Pools, steps and singleton share from (pool size, pools of that size) pairs."""
     steps = sum(size * pools for size, pools in counts)
     alone = sum(pools for size, pools in counts if size == 1)
-    return {"pools": sum(pools for _, pools in counts), "steps": steps,
-            "singleton_share": alone / steps if steps else None}  # fmt: skip
+    return {
+        "pools": sum(pools for _, pools in counts),
+        "steps": steps,
+        "singleton_share": alone / steps if steps else None,
+    }
 
 
 def _least_shown(sizes: list[tuple[int, int]], limit: int) -> int:
@@ -505,12 +616,19 @@ def _fill_value_proxies(session: StoreSession, rows: list[dict]) -> None:
     if not rows:
         return
     groups = sorted({r["group_id"] for r in rows})
-    trajs = [r["traj_id"] for r in session.rows(
-        "SELECT DISTINCT traj_id FROM steps WHERE group_id = ANY(?)", [groups])]  # fmt: skip
-    values = session.rows("""
+    trajs = [
+        r["traj_id"]
+        for r in session.rows(
+            "SELECT DISTINCT traj_id FROM steps WHERE group_id = ANY(?)", [groups]
+        )
+    ]
+    values = session.rows(
+        """
         SELECT group_id, state_key, avg("return" ORDER BY traj_id, step) AS value_proxy
         FROM step_returns WHERE traj_id = ANY(?) GROUP BY group_id, state_key
-    """, [trajs])  # fmt: skip
+    """,
+        [trajs],
+    )
     by_pool = {(v["group_id"], v["state_key"]): v["value_proxy"] for v in values}
     for row in rows:
         row["value_proxy"] = by_pool.get((row["group_id"], row["pool_id"]))

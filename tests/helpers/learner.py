@@ -31,10 +31,18 @@ def tiny_model_dir() -> Path:
 
     folder = Path(tempfile.mkdtemp(prefix="gagpo-tiny-learner-"))
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
@@ -93,9 +101,13 @@ def run_learner(
     *args: str, env: dict | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        learner_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        learner_cmd(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def parameters(folder: str | Path) -> dict[str, np.ndarray]:
@@ -109,7 +121,25 @@ def parameters(folder: str | Path) -> dict[str, np.ndarray]:
 
 def learner_args(store, *extra: str) -> list[str]:
     """A 3-update run on the tiny model that stops once idle for a second."""
-    return ["--store", str(store), "--policy", str(tiny_model_dir()), "--updates", "3",
-            "--batch-groups", "3", "--lr", "3e-3", "--micro-batch-tokens", "64",
-            "--max-staleness", "100", "--idle-timeout", "1", "--poll-interval", "0.05", "--quiet",
-            *extra]  # fmt: skip
+    return [
+        "--store",
+        str(store),
+        "--policy",
+        str(tiny_model_dir()),
+        "--updates",
+        "3",
+        "--batch-groups",
+        "3",
+        "--lr",
+        "3e-3",
+        "--micro-batch-tokens",
+        "64",
+        "--max-staleness",
+        "100",
+        "--idle-timeout",
+        "1",
+        "--poll-interval",
+        "0.05",
+        "--quiet",
+        *extra,
+    ]

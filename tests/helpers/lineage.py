@@ -24,10 +24,30 @@ UPDATES, B = 10, 2
 
 def lineage_args(store: Path, *extra: str) -> list[str]:
     """The issue's command, on the tiny policy folder and a store of 20 groups."""
-    return ["--store", str(store), "--policy", str(tiny_model_dir()), "--updates", str(UPDATES),
-            "--batch-groups", str(B), "--max-staleness", "100",
-            "--lr", "3e-3", "--micro-batch-tokens", "96", "--keep-versions", "100",
-            "--poll-interval", "0.05", "--idle-timeout", "1", "--quiet", *extra]  # fmt: skip
+    return [
+        "--store",
+        str(store),
+        "--policy",
+        str(tiny_model_dir()),
+        "--updates",
+        str(UPDATES),
+        "--batch-groups",
+        str(B),
+        "--max-staleness",
+        "100",
+        "--lr",
+        "3e-3",
+        "--micro-batch-tokens",
+        "96",
+        "--keep-versions",
+        "100",
+        "--poll-interval",
+        "0.05",
+        "--idle-timeout",
+        "1",
+        "--quiet",
+        *extra,
+    ]
 
 
 def kill_at(store: Path, hold: str, tmp_path: Path, *extra: str) -> None:
@@ -35,8 +55,9 @@ def kill_at(store: Path, hold: str, tmp_path: Path, *extra: str) -> None:
     SIGKILL it once held."""
     held = tmp_path / "held"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GAGPO_LEARNER_HOLD": f"{hold}:{held}"}
-    proc = subprocess.Popen(learner_cmd(*lineage_args(store), *extra), cwd=ROOT, env=env,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        learner_cmd(*lineage_args(store), *extra), cwd=ROOT, env=env, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 240
         while not held.exists():
@@ -50,8 +71,14 @@ def kill_at(store: Path, hold: str, tmp_path: Path, *extra: str) -> None:
 
 
 def resume(store: Path) -> None:
-    done = subprocess.run(learner_cmd(*lineage_args(store, "--resume")), cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    done = subprocess.run(
+        learner_cmd(*lineage_args(store, "--resume")),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 

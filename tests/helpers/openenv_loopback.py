@@ -56,12 +56,19 @@ class Game:
             }
         if message.strip() == "stay":
             return {"observation": self.observation("You stay."), "reward": 0.0, "done": False}
-        return {"observation": self.observation("Unknown command.", valid=False), "reward": 0.0,
-                "done": False}  # fmt: skip
+        return {
+            "observation": self.observation("Unknown command.", valid=False),
+            "reward": 0.0,
+            "done": False,
+        }
 
     def state(self) -> dict:
-        return {"episode_id": self.episode_id, "step_count": self.step_count,
-                "position": self.position, "target": self.target}  # fmt: skip
+        return {
+            "episode_id": self.episode_id,
+            "step_count": self.step_count,
+            "position": self.position,
+            "target": self.target,
+        }
 
 
 def serve(port: int, die_after: int | None) -> None:
@@ -102,9 +109,18 @@ def serve(port: int, die_after: int | None) -> None:
                 action = body.get("action")
                 message = action.get("message") if isinstance(action, dict) else None
                 if not isinstance(message, str) or not message.strip():
-                    self._send(422, {"detail": [{"type": "string_too_short",
-                                                 "loc": ["body", "action", "message"],
-                                                 "msg": "String should have at least 1 character"}]})  # fmt: skip
+                    self._send(
+                        422,
+                        {
+                            "detail": [
+                                {
+                                    "type": "string_too_short",
+                                    "loc": ["body", "action", "message"],
+                                    "msg": "String should have at least 1 character",
+                                }
+                            ]
+                        },
+                    )
                     return
                 self._send(200, game.step(action))
             else:

@@ -18,9 +18,27 @@ def plan_for(recipe: str, *sets: str, gpus_visible: int | None = 8, cpus: int = 
     run = load_config(
         RunConfig, path, section="run", overrides=parse_sets(by_table["run"], RunConfig)
     )
-    actors = load_config(ActorConfig, path, section="actors",
-                         overrides=parse_sets(by_table["actors"], ActorConfig) | {"store": "S"})  # fmt: skip
-    learner = load_config(LearnerConfig, path, section="learner",
-                          overrides=parse_sets(by_table["learner"], LearnerConfig) | {"store": "S"})  # fmt: skip
-    return plan_run(path, "S", run, actors, learner, actor_args=[], learner_args=[],
-                    run_id="R", gpus_visible=gpus_visible, cpus=cpus)  # fmt: skip
+    actors = load_config(
+        ActorConfig,
+        path,
+        section="actors",
+        overrides=parse_sets(by_table["actors"], ActorConfig) | {"store": "S"},
+    )
+    learner = load_config(
+        LearnerConfig,
+        path,
+        section="learner",
+        overrides=parse_sets(by_table["learner"], LearnerConfig) | {"store": "S"},
+    )
+    return plan_run(
+        path,
+        "S",
+        run,
+        actors,
+        learner,
+        actor_args=[],
+        learner_args=[],
+        run_id="R",
+        gpus_visible=gpus_visible,
+        cpus=cpus,
+    )

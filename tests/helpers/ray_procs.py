@@ -55,9 +55,13 @@ class Run:
     def __init__(self, args: list[str], env: dict[str, str]):
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
-            [*GAGPO, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env, bufsize=1,
-        )  # fmt: skip
+            [*GAGPO, "run", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            bufsize=1,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

@@ -15,8 +15,11 @@ def perturbed_copy(src: Path, dst: Path) -> None:
     for path in dst.glob("*.safetensors"):
         tensors = load_file(path)
         gen = torch.Generator().manual_seed(1)
-        save_file({k: v + 0.5 * torch.randn(v.shape, generator=gen) for k, v in tensors.items()},
-                  path, metadata={"format": "pt"})  # fmt: skip
+        save_file(
+            {k: v + 0.5 * torch.randn(v.shape, generator=gen) for k, v in tensors.items()},
+            path,
+            metadata={"format": "pt"},
+        )
     (dst / ".complete").write_text("{}")
 
 

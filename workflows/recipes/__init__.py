@@ -7,4 +7,6 @@ from importlib import resources
 
 def shipped() -> list[str]:
     """Names of the shipped recipes, sorted."""
-    return sorted(p.name[:-5] for p in resources.files(__name__).iterdir() if p.name.endswith(".toml"))
+    return sorted(
+        p.name[:-5] for p in resources.files(__name__).iterdir() if p.name.endswith(".toml")
+    )
