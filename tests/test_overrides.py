@@ -165,6 +165,6 @@ def test_a_wrong_value_in_a_config_file_is_reported_even_when_a_flag_overrides_i
         "integer (got '4')"
     )
     # a field the file leaves to the flags is no error of the file's
-    path.write_text('[actors]\ngroups_in_flight = 4\n')
+    path.write_text("[actors]\ngroups_in_flight = 4\n")
     config = load_config(ActorConfig, path, section="actors", overrides={"store": "s"})
     assert config.groups_in_flight == 4 and config.store == "s"
