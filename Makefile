@@ -36,6 +36,12 @@ $(STAMP): pyproject.toml Makefile
 	@# old-protocol library (tests/test_gym_adapter.py).
 	$(BIN)/python -m pip install --quiet textarena==0.7.4 gem-llm==0.1.0 reasoning-gym==0.1.23 \
 		rapidfuzz==3.14.6 textworld-express==1.1.0
+	@# verifiers v1 environments (--env verifiers:<taskset>, tests/test_verifiers_env.py). verifiers
+	@# 0.4.0 requires openai<3, which would downgrade the agent extra's openai: --no-deps, then the
+	@# packages that `import verifiers.v1` and a local episode need (none replaces an installed one).
+	$(BIN)/python -m pip install --quiet --no-deps verifiers==0.4.0
+	$(BIN)/python -m pip install --quiet 'prime-pydantic-config[toml]==0.4.3' renderers==0.1.12 \
+		anthropic==2.15.0 prime-sandboxes==0.5.1 tomli-w==1.2.0 mcp==2.0.0
 	@# Ray for `gagpo run --ray` and parallel recompute (tests/test_ray_run.py; core only, ~1 min).
 	$(BIN)/python -m pip install --quiet ray==2.60.0
 	@# Debian's chromium drives the browser tests of `gagpo view` (tests/test_view_browser.py,
@@ -82,6 +88,7 @@ test-fast: install
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Performance benchmarks (minutes each on 2 cores); results go in benchmarks/RESULTS.md.
 bench: install

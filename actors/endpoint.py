@@ -13,15 +13,18 @@ reply with the actor's policy (whatever its backend and batching) and the slot a
     POST /gagpo/v1/rollouts/<token>/end    agent+http: close it with its reward
 
 Threads: uvicorn serves on a loop of its own; in-process agents run on another (a
-blocking agent then stalls the other agents, never the server); environment slots block
-on a rollout's event queue. Starlette + uvicorn are the `view` extra's server already
+blocking agent then stalls the other agents, never the server), and their client reaches
+the same handlers without HTTP (`in_process`: same URLs, same replies); environment
+slots block on a rollout's event queue. Starlette + uvicorn are the `view` extra's server already
 (gagpo view); `openai` and they form the `agent` extra, imported when the first rollout opens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
+import re
 import secrets
 import socket
 import sys
@@ -149,8 +152,8 @@ class Endpoint:
         self.loop.call_soon_threadsafe(self._seats.put_nowait, rollout)  # type: ignore[union-attr]
 
     def answer(self, turn: Turn, reply: dict) -> None:
-        """Reply to a held call (from the slot's thread)."""
-        self.loop.call_soon_threadsafe(_settle, turn.future, reply, None)
+        """Reply to a held call (from the slot's thread), on the loop that holds it."""
+        turn.future.get_loop().call_soon_threadsafe(_settle, turn.future, reply, None)
 
     def close(self, rollout: Rollout, why: str) -> None:
         """End a rollout: a call it holds gets a 409 with `why`, its agent is cancelled, and
@@ -162,20 +165,28 @@ class Endpoint:
             self._rollouts.pop(rollout.token, None)
         if rollout.agent is not None:
             rollout.agent.cancel()
-        self.loop.call_soon_threadsafe(self._fail_pending, rollout)
+        # A call is held on the server's loop (HTTP) or the agents' (in-process): on
+        # either, the check of `closed` and the hold happen in one step, so a call
+        # either sees the rollout closed or is failed here.
+        for loop in (self.loop, self.agents_loop):
+            loop.call_soon_threadsafe(self._fail_pending, rollout)
 
     def _fail_pending(self, rollout: Rollout) -> None:
-        if rollout.pending is not None:
-            _settle(rollout.pending, None, RolloutClosed(rollout.closed))
+        pending = rollout.pending
+        if pending is not None and pending.get_loop() is asyncio.get_running_loop():
+            _settle(pending, None, RolloutClosed(rollout.closed))
 
     async def _play(self, rollout: Rollout, agent, task) -> None:
         import openai
 
         if self._client is None or self._client._client.is_closed:
-            # One HTTP client for all agents (making one costs ~0.1 s); no proxy for loopback.
+            # One client for all agents (making one costs ~0.1 s). Its transport hands a
+            # request to the endpoint's handler on this loop, with no socket, HTTP parsing
+            # or thread hop; agent+http and any other client go through the server.
             self._client = openai.AsyncOpenAI(
                 base_url=self.url, api_key="gagpo", max_retries=0, timeout=3600.0,
-                http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+                http_client=openai.DefaultAsyncHttpxClient(transport=in_process(self),
+                                                           trust_env=False),
             )  # fmt: skip
         client = self._client.with_options(base_url=rollout.base_url)
         try:
@@ -201,33 +212,40 @@ class Endpoint:
             Route("/gagpo/v1/rollouts/{token}/end", self._end, methods=["POST"]),
         ])  # fmt: skip
 
-    def _rollout(self, request) -> Rollout | None:
-        return self._rollouts.get(request.path_params.get("token", ""))
-
     async def _models(self, request):
         from starlette.responses import JSONResponse
 
-        rollout = self._rollout(request)
-        names = (
-            [rollout.model] if rollout else sorted({r.model for r in list(self._rollouts.values())})
-        )
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "gagpo"} for name in names
-        ]})  # fmt: skip
+        return JSONResponse(self.models(request.path_params.get("token")))
 
     async def _completions(self, request):
         from starlette.responses import JSONResponse
 
-        rollout = self._rollout(request)
+        status, payload = await self.chat(request.path_params["token"], await request.body())
+        return JSONResponse(payload, status_code=status)
+
+    # -- the handlers (on the loop of whoever calls: the server, or an in-process agent) --
+
+    def models(self, token: str | None) -> dict:
+        rollout = self._rollouts.get(token or "")
+        names = (
+            [rollout.model] if rollout else sorted({r.model for r in list(self._rollouts.values())})
+        )
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "gagpo"} for name in names
+        ]}  # fmt: skip
+
+    async def chat(self, token: str, body: bytes) -> tuple[int, dict]:
+        """One turn of rollout `token`: (HTTP status, the completion or an error)."""
+        rollout = self._rollouts.get(token)
         if rollout is None:
             return _error(404, "no open rollout at this URL (it ended, or its group was lost)")
         try:
-            body = await request.json()
+            request = json.loads(body)
         except ValueError:
             return _error(400, "the request body is not JSON")
         try:
             call = read_request(
-                body, model=rollout.model, turn=rollout.turns, key_fn=rollout.key_fn
+                request, model=rollout.model, turn=rollout.turns, key_fn=rollout.key_fn
             )
         except RequestError as exc:
             return _error(exc.status, str(exc))
@@ -248,7 +266,10 @@ class Endpoint:
             return _error(409, f"the rollout ended: {exc}")
         finally:
             rollout.pending = None
-        return JSONResponse(reply)
+        return 200, reply
+
+    def _rollout(self, request) -> Rollout | None:
+        return self._rollouts.get(request.path_params.get("token", ""))
 
     async def _claim(self, request):
         from starlette.responses import JSONResponse
@@ -256,14 +277,14 @@ class Endpoint:
         try:
             body = await request.json() if await request.body() else {}
         except ValueError:
-            return _error(400, "the request body is not JSON")
+            return _error_response(400, "the request body is not JSON")
         wait_s = body.get("wait_s", 30.0) if isinstance(body, dict) else None
         if (
             not isinstance(wait_s, int | float)
             or isinstance(wait_s, bool)
             or not 0 <= wait_s <= 3600
         ):
-            return _error(400, "wait_s must be a number of seconds in [0, 3600]")
+            return _error_response(400, "wait_s must be a number of seconds in [0, 3600]")
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -271,7 +292,9 @@ class Endpoint:
                     self._seats.get(), max(0.0, deadline - time.monotonic())
                 )  # type: ignore[union-attr]
             except TimeoutError:
-                return _error(503, f"no rollout waited to be played within {wait_s} s; ask again")
+                return _error_response(
+                    503, f"no rollout waited to be played within {wait_s} s; ask again"
+                )
             if rollout.closed is None:  # one whose environment gave up waiting is skipped
                 break
         return JSONResponse({"rollout_id": rollout.token, "base_url": rollout.base_url,
@@ -283,13 +306,17 @@ class Endpoint:
 
         rollout = self._rollout(request)
         if rollout is None:
-            return _error(404, "no open rollout with this id (it ended, or its group was lost)")
+            return _error_response(
+                404, "no open rollout with this id (it ended, or its group was lost)"
+            )
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "the request body is not JSON")
+            return _error_response(400, "the request body is not JSON")
         if rollout.pending is not None:
-            return _error(409, "the rollout has a call in progress; end it after its reply")
+            return _error_response(
+                409, "the rollout has a call in progress; end it after its reply"
+            )
         if isinstance(body, dict) and body.get("error") is not None:
             rollout.events.put(
                 Failed(f"the agent gave up: {str(body['error']).splitlines()[0][:300]}")
@@ -307,13 +334,52 @@ def _settle(future: asyncio.Future, value, error: BaseException | None) -> None:
             future.set_result(value)
 
 
-def _error(status: int, line: str):
+def _error(status: int, line: str) -> tuple[int, dict]:
     """An error in OpenAI's shape, so `openai` raises it with this line."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return status, {"error": {"message": line, "type": kind, "param": None, "code": None}}
+
+
+def _error_response(status: int, line: str):
     from starlette.responses import JSONResponse
 
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": line, "type": kind, "param": None, "code": None}},
-                        status_code=status)  # fmt: skip
+    status, payload = _error(status, line)
+    return JSONResponse(payload, status_code=status)
+
+
+_ROUTE = re.compile(r"(?:/r/([^/]+))?/v1/(chat/completions|models)")
+
+
+def in_process(endpoint: Endpoint):
+    """A transport for the `openai` client's HTTP library that serves the endpoint's
+    rollout routes by calling its handlers on the caller's loop: what an in-process
+    agent's client uses (the HTTP round trip, two event loops and the GIL between them
+    cost more than a tiny policy's turn). The URLs and replies are those of the server."""
+    import importlib
+
+    import openai
+
+    # openai 1-2 send through httpx, 3 through httpx2: the library its client class is of.
+    library = next(c.__module__ for c in openai.DefaultAsyncHttpxClient.__mro__
+                   if c.__name__ == "AsyncClient" and not c.__module__.startswith("openai"))  # fmt: skip
+    http = importlib.import_module(library.split(".")[0])
+
+    class InProcess(http.AsyncBaseTransport):
+        async def handle_async_request(self, request):
+            route = _ROUTE.fullmatch(request.url.path)
+            if route is None or (request.method, route[2]) not in (
+                ("POST", "chat/completions"), ("GET", "models")
+            ):  # fmt: skip
+                status, payload = _error(
+                    404, f"{request.method} {request.url.path} is not served here"
+                )
+            elif route[2] == "models":
+                status, payload = 200, endpoint.models(route[1])
+            else:
+                status, payload = await endpoint.chat(route[1], await request.aread())
+            return http.Response(status, json=payload)
+
+    return InProcess()
 
 
 _SHARED: dict[str, Endpoint] = {}

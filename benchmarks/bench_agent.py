@@ -7,7 +7,7 @@ names the environment's state key and returns its rewards per turn, so both runs
 the same prompts with the same seeds: their steps must agree token for token, and the
 difference in steps/s is the endpoint's (HTTP, threads, JSON) alone.
 
-    .venv/bin/python benchmarks/bench_agent.py [--groups 8] [--group-size 8] [--k 1]
+    .venv/bin/python benchmarks/bench_agent.py [--groups 8] [--group-size 8] [--k 1] [--policy tiny]
 """
 
 from __future__ import annotations
@@ -64,13 +64,16 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--k", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--policy", default="tiny", help="tiny, or smollm2-135m (tens of ms a turn)"
+    )
     args = parser.parse_args()
     results: dict[str, list[float]] = {}
     tables = {}
     for _ in range(args.repeats):
         for env in ("sokoban", "agent:benchmarks.bench_agent:sokoban"):
             with tempfile.TemporaryDirectory() as store:
-                config = ActorConfig(store=store, env=env, policy="tiny", groups=args.groups,
+                config = ActorConfig(store=store, env=env, policy=args.policy, groups=args.groups,
                                      group_size=args.group_size, groups_in_flight=args.k,
                                      max_turns=MAX_TURNS, history_window=WINDOW, seed=5,
                                      run_id="bench", sampling={"max_new_tokens": 4})  # fmt: skip
@@ -97,10 +100,13 @@ def main() -> None:
                                             pl.col(C.TASK_ID).str.split("-").list.last().alias("t"))
                      .select("t", "j", *cols).sort("t", "j", C.STEP) for e in tables)  # fmt: skip
     same = native.equals(agent)
+    differ = [c for c in native.columns if len(native) == len(agent)
+              and not native[c].equals(agent[c])]  # fmt: skip
     best = {env: max(v) for env, v in results.items()}
     ratio = best["agent:benchmarks.bench_agent:sokoban"] / best["sokoban"]
     print(
         f"steps: {len(native)} native, {len(agent)} through the endpoint; identical steps: {same}"
+        + (f" (columns that differ: {', '.join(differ)})" if differ else "")
     )
     for env, value in best.items():
         print(

@@ -23,6 +23,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "lora": ("peft",),
     "view": ("starlette", "uvicorn"),
     "agent": ("openai", "starlette", "uvicorn"),
+    "verifiers": ("verifiers",),
 }
 
 

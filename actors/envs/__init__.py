@@ -5,7 +5,7 @@ its `name`; keep heavy third-party imports inside that environment's methods, so
 importing the registry stays fast and works without the optional extras.
 
 Libraries of the ecosystem are selected by a name of their family, with no glue code:
-`textarena/<game>`, `gem/<env id>`, `reasoning_gym/<dataset>`, `openenv+http://HOST:PORT`
+`textarena/<game>`, `gem/<env id>`, `reasoning_gym/<dataset>`, `openenv+http://HOST:PORT`, `verifiers:<taskset>`
 (`FAMILIES`; each adapter imports its library only when built).
 
 Other packages add environments through the entry-point group `gagpo.envs`
@@ -32,6 +32,7 @@ from gagpo.actors.envs.reasoning_gym_env import ReasoningGymEnv
 from gagpo.actors.envs.sokoban import Sokoban
 from gagpo.actors.envs.textarena_env import TextArenaEnv
 from gagpo.actors.envs.textworld_env import TextWorld
+from gagpo.actors.envs.verifiers_env import VerifiersEnv
 from gagpo.actors.envs.webshop import WebShop
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.extras import require
@@ -55,6 +56,7 @@ FAMILIES: dict[str, type] = {
     "openenv+": OpenEnvHTTP,
     "agent:": AgentEnv,  # your own agent, in this process (actors/envs/agent.py)
     "agent+": AgentHTTPEnv,  # agent+http: an agent in another process
+    "verifiers:": VerifiersEnv,  # a verifiers v1 environment, through the agent endpoint
 }
 FAMILY_PATTERNS = (
     "textarena/<game>",
@@ -63,6 +65,7 @@ FAMILY_PATTERNS = (
     "openenv+http://HOST:PORT",
     "agent:MODULE:FUNCTION",
     "agent+http",
+    "verifiers:PACKAGE_OR_MODULE",
 )
 
 
