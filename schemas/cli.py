@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 import click
@@ -50,8 +53,15 @@ def ray_option(help: str):
     )
 
 
+# Set by `gagpo run` for the processes it starts with SIGINT ignored (workflows/run.py): they
+# take SIGINT back once their command runs, so a Ctrl-C during their imports is no traceback.
+SIGINT_FROM_PARENT = "GAGPO_SIGINT_FROM_PARENT"
+
+
 def run_cli(command: click.Command, prog_name: str) -> None:
     """Run a click command: user errors become one line on stderr and exit code 2."""
+    if os.environ.get(SIGINT_FROM_PARENT) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         command.main(prog_name=prog_name, standalone_mode=False)
     except GagpoError as exc:

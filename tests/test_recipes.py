@@ -166,6 +166,35 @@ def test_sigint_stops_every_process_and_tears_nothing(tmp_path: Path):
     assert store.has_policy(store.latest_version())
 
 
+def test_ctrl_c_while_the_processes_start_is_no_traceback(tmp_path: Path):
+    """A terminal's Ctrl-C is SIGINT to the whole process group: right after `gagpo run`
+    started its actors and learner, while they still import their modules. They start
+    with SIGINT ignored and take it back once running, so the run stops as documented
+    (exit 130, 'interrupted'), no process prints a traceback and none is left."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(SLOW_RECIPE)
+    proc = subprocess.Popen(
+        [*GAGPO, "run", "--store", str(tmp_path / "store"), "--recipe", str(recipe)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group, as a shell's job
+    )
+    pids: list[int] = []
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        found = re.findall(r"pids? ([\d, ]+)\)", line)
+        pids += [int(p) for group in found for p in group.split(",")]
+        if line.startswith("learner started"):
+            break
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
+    out = "".join(lines) + proc.communicate(timeout=180)[0]
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    assert len(pids) == 3 and not [pid for pid in pids if _alive(pid)]
+
+
 def test_run_prints_its_summary_when_the_learner_stops_early(tmp_path: Path, monkeypatch):
     """The learner exits 3 when its data ran out before `updates` (it says why); `gagpo run`
     still prints what ran (per-version table, group use) and returns 3. Other failures print

@@ -11,6 +11,7 @@ Ctrl-C (or SIGTERM) stops every process started here, by its pid, and nothing el
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from gagpo.schemas.cli import SIGINT_FROM_PARENT
 from gagpo.schemas.config import ActorConfig, Config, load_config, read_toml
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import merge, parse_sets, split_sections
@@ -351,19 +353,37 @@ def actors_failed(procs: list[subprocess.Popen], labels: list[str]) -> str:
     return f"every actor exited with an error, so the learner was stopped; {why}"
 
 
+@contextlib.contextmanager
+def _sigint_ignored(on: bool):
+    """A terminal's Ctrl-C reaches every process of the group, children too, and one still
+    importing its modules would print a traceback: our own CLIs start with SIGINT ignored
+    (a disposition exec keeps) and take it back once running (schemas/cli.py run_cli,
+    SIGINT_FROM_PARENT); this process stops them in order (`_stop`)."""
+    if not on or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _labelled(cmd: list[str], env: dict, label: str, echo) -> subprocess.Popen:
     """Start `cmd` with its output relayed line by line, each line prefixed `[label]`, so
     the actors and the learner read together on one console. The process keeps its relay
     thread (`relay`) and the last line it printed (`last_line`)."""
-    proc = subprocess.Popen(
-        cmd,
-        env={**env, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
-        errors="replace",
-    )
+    ours = cmd[1:2] == ["-m"] and cmd[2].startswith("gagpo.")  # not torchrun: its own rules
+    with _sigint_ignored(ours):
+        proc = subprocess.Popen(
+            cmd,
+            env={**env, "PYTHONUNBUFFERED": "1", **({SIGINT_FROM_PARENT: "1"} if ours else {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            errors="replace",
+        )
     proc.last_line = ""
 
     def relay() -> None:
