@@ -67,8 +67,9 @@ def label(steps: pl.DataFrame, oracle: type[StepOracle] | None = None) -> pl.Dat
     """traj_id, step, policy_version, `move` (the parsed reply, null if none) and `optimal`
     (bool) for the labelled steps, by `oracle` (default: that of the steps' environment).
     The parser and the oracle run once per distinct reply and per distinct state."""
-    if oracle is None:
-        envs = steps[C.ENV].unique().to_list() if steps.height else ["sokoban"]
+    if oracle is None:  # the steps' own environment; sokoban for rows without the column
+        envs = steps[C.ENV].unique().to_list() if C.ENV in steps.columns else ["sokoban"]
+        envs = envs or ["sokoban"]
         if len(envs) != 1:
             raise GagpoError(
                 f"steps of several environments ({', '.join(map(str, envs))}); "
