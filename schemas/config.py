@@ -196,7 +196,7 @@ def read_toml(path: str | Path, section: str | None = None) -> dict[str, Any]:
     return data
 
 
-def _check_file(model: type[BaseModel], data: dict[str, Any], path: str | Path) -> None:
+def _check_file(model: type[BaseModel], data: dict[str, Any]) -> None:
     """A wrong value in the file is reported even where a flag or --set overrides it (a
     config file is checked as written): every problem but a field it leaves to the flags."""
     try:
@@ -204,7 +204,7 @@ def _check_file(model: type[BaseModel], data: dict[str, Any], path: str | Path) 
     except PydanticValidationError as exc:
         wrong = [e for e in exc.errors() if e["type"] not in ("missing", "extra_forbidden")]
         if wrong:
-            raise GagpoError(describe_error(exc, f"config file {str(path)!r}: ", wrong)) from None
+            raise GagpoError(describe_error(exc, errors=wrong)) from None
 
 
 def load_config(
@@ -217,7 +217,7 @@ def load_config(
     """Build a config model from an optional TOML file plus CLI overrides (None = not given)."""
     data: dict[str, Any] = read_toml(path, section) if path else {}
     if data:
-        _check_file(model, data, path)
+        _check_file(model, data)
     for key, value in (overrides or {}).items():
         if value is None:
             continue
