@@ -1,7 +1,8 @@
 """`gagpo view` in a real headless browser (Debian's chromium under Playwright): the run
 page, a group under several estimators, a state's pool, the SQL page and a bad group.
 
-The screenshots of docs/inspect.md (docs/img/view_*.png) are taken here."""
+The screenshots of docs/inspect.md (docs/img/view_*.png) are taken here
+(GAGPO_SCREENSHOTS=1 writes them into docs/img/)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,17 @@ ARGS = [
     "--disable-component-update",
     "--no-first-run",
 ]
-IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+# The screenshots of docs/inspect.md and the README: written there when
+# GAGPO_SCREENSHOTS=1 (to refresh them), else beside the test's temporary files, so a test
+# run leaves the checkout as it found it.
+DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+
+
+@pytest.fixture
+def img(tmp_path) -> Path:
+    return DOCS_IMG if os.environ.get("GAGPO_SCREENSHOTS") == "1" else tmp_path
+
+
 TIMEOUT_MS = 30_000
 
 
@@ -116,7 +127,7 @@ def test_run_page_to_a_group_and_its_advantages_under_each_estimator(
             assert shown[key] == pytest.approx(round(value, 4), abs=1e-9), (estimator, key)
 
 
-def test_clicking_a_state_highlights_exactly_its_pool(page: Page, view_store):
+def test_clicking_a_state_highlights_exactly_its_pool(page: Page, view_store, img: Path):
     tag = query_store(view_store, "SELECT estimator FROM estimators")["estimator"][0].as_py()
     group, state = (
         query_store(
@@ -149,11 +160,11 @@ def test_clicking_a_state_highlights_exactly_its_pool(page: Page, view_store):
     ).to_pylist()
     assert highlighted == [[r["traj_id"], r["step"]] for r in pool]
     assert int(page.inner_text("#pool-size")) == pool[0]["pool_visits"] == len(highlighted)
-    IMG.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(IMG / "view_group.png"))
+    img.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(img / "view_group.png"))
 
 
-def test_the_compare_page(page: Page, view_store):
+def test_the_compare_page(page: Page, view_store, img: Path):
     group = query_store(
         view_store,
         "SELECT group_id FROM groups ORDER BY max_return - min_return DESC, group_id LIMIT 1",
@@ -163,7 +174,7 @@ def test_the_compare_page(page: Page, view_store):
     assert page.locator("#summaries tbody tr").count() == 4
     assert "credit AUC" in page.inner_text("#summaries thead")  # Sokoban's solver judged the moves
     assert page.locator("#compare-table td.move.optimal").count() > 0
-    page.screenshot(path=str(IMG / "view_compare.png"))
+    page.screenshot(path=str(img / "view_compare.png"))
     traj = page.eval_on_selector("#traj option:nth-child(2)", "o => o.value")
     page.select_option("#traj", traj)  # one rollout: its turns only
     page.wait_for_selector(f"#title:has-text('{traj}')")  # CSP: no string eval in the page
