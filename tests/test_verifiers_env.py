@@ -38,9 +38,19 @@ def fixture_on_path():
 
 
 def config(store: Path, **overrides) -> ActorConfig:
-    base = dict(store=str(store), env=ENV, policy="tiny", groups=3, group_size=G, max_turns=5,
-                seed=11, run_id="r", sampling={"max_new_tokens": 4}, groups_in_flight=2,
-                env_options={"traces": str(store / "traces"), "turn_timeout_s": 30})  # fmt: skip
+    base = dict(
+        store=str(store),
+        env=ENV,
+        policy="tiny",
+        groups=3,
+        group_size=G,
+        max_turns=5,
+        seed=11,
+        run_id="r",
+        sampling={"max_new_tokens": 4},
+        groups_in_flight=2,
+        env_options={"traces": str(store / "traces"), "turn_timeout_s": 30},
+    )
     return ActorConfig(**(base | overrides))
 
 
@@ -73,9 +83,12 @@ def test_a_verifiers_environment_plays_into_valid_shards_with_verifiers_rewards(
     assert later <= {"user: higher", "user: lower", "user: no number . say one"}
     rollouts = steps.group_by(C.TRAJ_ID, maintain_order=True).agg(
         pl.col(C.TASK_ID).first().str.split("-").list.last().cast(int).alias("seed"),
-        pl.col(C.ACTION_TEXT), pl.col(C.REWARD).sum(), pl.col(C.DONE).last(),
-        pl.col(C.TRUNCATED).any(), pl.col(C.STEP).max().alias("last"),
-    )  # fmt: skip
+        pl.col(C.ACTION_TEXT),
+        pl.col(C.REWARD).sum(),
+        pl.col(C.DONE).last(),
+        pl.col(C.TRUNCATED).any(),
+        pl.col(C.STEP).max().alias("last"),
+    )
     assert rollouts[C.DONE].all() and not rollouts[C.TRUNCATED].any()
     assert rollouts["last"].max() < TURNS
     # The reward is verifiers' trace reward, and that is verifiers' scoring of the trace.
@@ -83,8 +96,7 @@ def test_a_verifiers_environment_plays_into_valid_shards_with_verifiers_rewards(
     assert len(records) == 3 * G and all(r["ok"] for r in records)
     by_play = {}
     for r in records:
-        replies = tuple(n["message"]["content"] for n in r["trace"]["nodes"]
-                        if n.get("sampled"))  # fmt: skip
+        replies = tuple(n["message"]["content"] for n in r["trace"]["nodes"] if n.get("sampled"))
         trace_reward = sum(v["score"] * v["weight"] for v in r["trace"]["rewards"].values())
         assert rescored(r["trace"]) == pytest.approx(trace_reward)
         by_play[(r["task_seed"], replies)] = trace_reward

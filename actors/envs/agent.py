@@ -148,13 +148,24 @@ class AgentEnv:
     stop_strings: tuple[str, ...] = ()  # an agent's reply may span lines (tool calls do)
     instructions = ""  # the agent writes its own prompts
 
-    def __init__(self, spec: str | Callable, *, max_turns: int, name: str | None = None,
-                 turn_timeout_s: float = 60.0, model: str = DEFAULT_MODEL,
-                 state_key: str | None = None, port: int = 0, **options: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: str | Callable,
+        *,
+        max_turns: int,
+        name: str | None = None,
+        turn_timeout_s: float = 60.0,
+        model: str = DEFAULT_MODEL,
+        state_key: str | None = None,
+        port: int = 0,
+        **options: Any,
+    ) -> None:
         self.agent = load_function(spec) if isinstance(spec, str) else spec
         if not is_agent(self.agent):
-            raise GagpoError(f"agent {spec!r} is not an async function; accepted: "
-                             "async def agent(client, task) -> float | dict")  # fmt: skip
+            raise GagpoError(
+                f"agent {spec!r} is not an async function; accepted: "
+                "async def agent(client, task) -> float | dict"
+            )
         self.name = name or f"agent:{spec}"
         if not isinstance(turn_timeout_s, int | float) or turn_timeout_s <= 0:
             raise GagpoError(
@@ -187,8 +198,9 @@ class AgentEnv:
         self._endpoint = shared_endpoint(self.port)
         self._keys = []
         task = AgentTask(task_seed, self.model, self.max_turns, dict(self.options))
-        self._rollout = self._endpoint.open(model=self.model, key_fn=self.key_fn,
-                                            task=_public(task))  # fmt: skip
+        self._rollout = self._endpoint.open(
+            model=self.model, key_fn=self.key_fn, task=_public(task)
+        )
         self._start(task)
         event = self._next(self._first_wait_s())
         if not hasattr(event, "call"):
@@ -211,18 +223,42 @@ class AgentEnv:
             call = event.call
             if len(self._keys) >= self.max_turns:  # refused: the rollout is cut here
                 self.close(f"the rollout reached its turn limit (max_turns={self.max_turns})")
-                return AgentTransition(call.observation, turn.call.state_key, call.state_key, 0.0,
-                                       done=False, truncated=True, action_valid=True,
-                                       admissible=None)  # fmt: skip
+                return AgentTransition(
+                    call.observation,
+                    turn.call.state_key,
+                    call.state_key,
+                    0.0,
+                    done=False,
+                    truncated=True,
+                    action_valid=True,
+                    admissible=None,
+                )
             self._turn = event
-            return AgentTransition(call.observation, turn.call.state_key, call.state_key, 0.0,
-                                   done=False, truncated=False, action_valid=True,
-                                   admissible=None, chat=call)  # fmt: skip
+            return AgentTransition(
+                call.observation,
+                turn.call.state_key,
+                call.state_key,
+                0.0,
+                done=False,
+                truncated=False,
+                action_valid=True,
+                admissible=None,
+                chat=call,
+            )
         rewards, won, truncated = read_outcome(event.result, len(self._keys))
         self.close("the agent ended")
-        return AgentTransition("", turn.call.state_key, None, rewards[-1], done=not truncated,
-                               truncated=truncated, action_valid=True, admissible=None,
-                               won=won, turn_rewards=tuple(rewards))  # fmt: skip
+        return AgentTransition(
+            "",
+            turn.call.state_key,
+            None,
+            rewards[-1],
+            done=not truncated,
+            truncated=truncated,
+            action_valid=True,
+            admissible=None,
+            won=won,
+            turn_rewards=tuple(rewards),
+        )
 
     def expert_plan(self) -> list[str] | None:
         return None
@@ -251,8 +287,9 @@ class AgentEnv:
             event = self._rollout.events.get(timeout=timeout)  # type: ignore[union-attr]
         except queue.Empty:
             self.close("the agent timed out")
-            raise TimeoutError(f"agent made no model call and did not end within {timeout:g} s "
-                               "(turn_timeout_s)") from None  # fmt: skip
+            raise TimeoutError(
+                f"agent made no model call and did not end within {timeout:g} s (turn_timeout_s)"
+            ) from None
         if hasattr(event, "line"):
             self.close("the agent failed")
             raise AgentError(event.line)
@@ -281,8 +318,9 @@ class AgentHTTPEnv(AgentEnv):
     a rollout waits for an agent to claim it and call (default 600 s); `port`: set it, so
     the agent knows where to claim (the actor prints the endpoint's URL either way)."""
 
-    def __init__(self, rest: str = "http", *, max_turns: int, claim_timeout_s: float = 600.0,
-                 **options: Any) -> None:  # fmt: skip
+    def __init__(
+        self, rest: str = "http", *, max_turns: int, claim_timeout_s: float = 600.0, **options: Any
+    ) -> None:
         if rest != "http":
             raise GagpoError(f"environment 'agent+{rest}' is not known; accepted: agent+http")
         super().__init__(_external, max_turns=max_turns, name="agent+http", **options)

@@ -44,8 +44,13 @@ from gagpo.schemas.extras import require
 
 # verifiers' stop conditions that cut an episode at a limit (`Trace.is_truncated` also
 # counts a last reply cut at its token budget, which ends no episode early).
-LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens",
-          "compaction_failed")  # fmt: skip
+LIMITS = (
+    "max_turns",
+    "max_input_tokens",
+    "max_output_tokens",
+    "max_total_tokens",
+    "compaction_failed",
+)
 _PROGRAMS: dict[str, Program] = {}
 _PROGRAMS_LOCK = threading.Lock()
 
@@ -54,15 +59,25 @@ class Program:
     """One verifiers environment, loaded once per actor process and shared by its slots:
     an agent (`async def __call__(client, task)`) that plays one episode per rollout."""
 
-    def __init__(self, taskset_id: str, *, taskset: dict, env_id: str, harness: str | None,
-                 won_at: float, traces: str | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        taskset_id: str,
+        *,
+        taskset: dict,
+        env_id: str,
+        harness: str | None,
+        won_at: float,
+        traces: str | None,
+    ) -> None:
         from verifiers.v1 import load_environment, resolve_env_config
 
         self.won_at, self.traces = won_at, Path(traces) if traces else None
         if "." in taskset_id.rsplit("/", 1)[-1]:  # verifiers' loader cannot resolve one
-            raise GagpoError(f"verifiers taskset {taskset_id!r} is not valid; accepted: a "
-                             "top-level package or module name (verifiers imports "
-                             "verifiers.v1.tasksets.<id>, then <id>)")  # fmt: skip
+            raise GagpoError(
+                f"verifiers taskset {taskset_id!r} is not valid; accepted: a "
+                "top-level package or module name (verifiers imports "
+                "verifiers.v1.tasksets.<id>, then <id>)"
+            )
         try:
             config = resolve_env_config(_env_data(taskset_id, taskset, env_id, harness))
             self.env = load_environment(config)
@@ -98,8 +113,10 @@ class Program:
             except StopIteration:  # a bounded taskset with no task, or an infinite one that ended
                 self._broken = f"the verifiers taskset {self.name!r} yields no task {seed}"
             except Exception as exc:
-                self._broken = (f"the verifiers taskset {self.name!r} failed to load its tasks: "
-                                f"{_one_line(exc)}")  # fmt: skip
+                self._broken = (
+                    f"the verifiers taskset {self.name!r} failed to load its tasks: "
+                    f"{_one_line(exc)}"
+                )
             raise AgentError(self._broken)
 
     async def _serve(self) -> None:
@@ -120,8 +137,9 @@ class Program:
         await self._serve()
         vtask = await asyncio.to_thread(self.task, task.seed)  # a taskset may build it slowly
         # The endpoint needs no key; the variable is named so verifiers reads no other one.
-        endpoint = EvalClientConfig(base_url=str(client.base_url).rstrip("/"),
-                                    api_key_var="GAGPO_VERIFIERS_API_KEY")  # fmt: skip
+        endpoint = EvalClientConfig(
+            base_url=str(client.base_url).rstrip("/"), api_key_var="GAGPO_VERIFIERS_API_KEY"
+        )
         episode = await self.env.run_episode(vtask, ModelContext(model=task.model, client=endpoint))
         if self.traces is not None:
             self._write(task.seed, episode)
@@ -132,14 +150,19 @@ class Program:
         traces = [t for t in episode.traces if t.agent is None or t.agent.trainable]
         reward = sum(t.reward for t in traces) / max(1, len(traces))
         truncated = any(t.stop_condition in LIMITS for t in traces)
-        return {"reward": reward, "won": not truncated and reward >= self.won_at,
-                "truncated": truncated}  # fmt: skip
+        return {
+            "reward": reward,
+            "won": not truncated and reward >= self.won_at,
+            "truncated": truncated,
+        }
 
     def _write(self, seed: int, episode) -> None:
         """Append the episode's traces (verifiers' record form) to `traces/traces.jsonl`."""
         self.traces.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-        lines = [json.dumps({"task_seed": seed, "ok": episode.ok, "trace": t.to_record(None)})
-                 for t in episode.traces]  # fmt: skip
+        lines = [
+            json.dumps({"task_seed": seed, "ok": episode.ok, "trace": t.to_record(None)})
+            for t in episode.traces
+        ]
         with open(self.traces / "traces.jsonl", "a") as f:  # type: ignore[operator]
             f.write("".join(line + "\n" for line in lines))
 
@@ -209,14 +232,31 @@ class VerifiersEnv(AgentEnv):
     to its traces.jsonl), and `agent:`'s (`turn_timeout_s`, `model`, `state_key`, `port`).
     """
 
-    def __init__(self, rest: str, *, max_turns: int, taskset: dict | None = None,
-                 env_id: str = "", harness: str | None = None, won_at: float = 1.0,
-                 traces: str | None = None, **options: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rest: str,
+        *,
+        max_turns: int,
+        taskset: dict | None = None,
+        env_id: str = "",
+        harness: str | None = None,
+        won_at: float = 1.0,
+        traces: str | None = None,
+        **options: Any,
+    ) -> None:
         require("verifiers", f"--env verifiers:{rest}")
         require("agent", f"--env verifiers:{rest}")
         if not isinstance(taskset, dict | None):
-            raise GagpoError(f"taskset={taskset!r} is not valid; accepted: a table of the "
-                             "taskset config's fields")  # fmt: skip
-        agent = program(rest, taskset=dict(taskset or {}), env_id=env_id, harness=harness,
-                        won_at=float(won_at), traces=traces)  # fmt: skip
+            raise GagpoError(
+                f"taskset={taskset!r} is not valid; accepted: a table of the "
+                "taskset config's fields"
+            )
+        agent = program(
+            rest,
+            taskset=dict(taskset or {}),
+            env_id=env_id,
+            harness=harness,
+            won_at=float(won_at),
+            traces=traces,
+        )
         super().__init__(agent, max_turns=max_turns, name=f"verifiers:{rest}", **options)

@@ -39,8 +39,9 @@ class ChatHarness(vf.Harness[ChatHarnessConfig]):
     EXECUTES_CODE = False  # no tools: the model runs nothing
     NEEDS_CONTAINER = False
 
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data,
-                     tool_interception_url=None) -> ProgramResult:  # fmt: skip
+    async def launch(
+        self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, tool_interception_url=None
+    ) -> ProgramResult:
         import openai
 
         system, prompt = self.resolve_prompt(data)
@@ -66,8 +67,13 @@ def _client(endpoint: str, secret: str):
     import openai
 
     if not _CLIENT:
-        _CLIENT.append(openai.AsyncOpenAI(
-            base_url=endpoint, api_key=secret, max_retries=0, timeout=3600.0,
-            http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
-        ))  # fmt: skip
+        _CLIENT.append(
+            openai.AsyncOpenAI(
+                base_url=endpoint,
+                api_key=secret,
+                max_retries=0,
+                timeout=3600.0,
+                http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+            )
+        )
     return _CLIENT[0].with_options(base_url=endpoint, api_key=secret)
