@@ -1053,6 +1053,28 @@ def git_state() -> str:
 
 
 # --- main ---------------------------------------------------------------------------------------
+def add_seed_arguments(parser: argparse.ArgumentParser, work: str, work_help: str) -> None:
+    """The seed store's options and the scratch folder (`--work`, default /tmp/`work`), shared
+    with benchmarks/bench_view.py, which clones its stores with `build_seed`/`build_store`."""
+    parser.add_argument(
+        "--seed-store",
+        default=None,
+        metavar="PATH",
+        help="clone the shards of this store (e.g. a `make demo` store) instead of building one",
+    )
+    parser.add_argument("--seed-env", default="sokoban")
+    parser.add_argument("--seed-policy", default="tiny")
+    parser.add_argument("--seed-groups", type=int, default=32)
+    parser.add_argument("--seed-group-size", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1, help="the seed actor's --seed")
+    parser.add_argument(
+        "--work",
+        default=str(Path(tempfile.gettempdir()) / work),
+        metavar="DIR",
+        help=f"scratch folder: {work_help}",
+    )
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__,
@@ -1083,22 +1105,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="ROWS",
         help="comma-separated rows to measure (default: all); see below",
     )
-    parser.add_argument(
-        "--seed-store",
-        default=None,
-        metavar="PATH",
-        help="clone the shards of this store (e.g. a `make demo` store) instead of building one",
-    )
-    parser.add_argument("--seed-env", default="sokoban")
-    parser.add_argument("--seed-policy", default="tiny")
-    parser.add_argument("--seed-groups", type=int, default=32)
-    parser.add_argument("--seed-group-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=1, help="the seed actor's --seed")
-    parser.add_argument(
-        "--work",
-        default=str(Path(tempfile.gettempdir()) / "gagpo-store-scale"),
-        metavar="DIR",
-        help="scratch folder: seed, stores, floors, HOME and TMPDIR of the CLIs",
+    add_seed_arguments(
+        parser, "gagpo-store-scale", "seed, stores, floors, HOME and TMPDIR of the CLIs"
     )
     parser.add_argument(
         "--keep", action="store_true", help="keep each N's store and floor (default: removed after)"

@@ -37,7 +37,6 @@ import platform
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -221,22 +220,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--groups", type=int, default=16000, help="store size (default 16000)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per call; the best counts")
-    parser.add_argument(
-        "--seed-store",
-        default=None,
-        metavar="PATH",
-        help="clone this store's shards (default: build the scale benchmark's seed)",
-    )
-    parser.add_argument("--seed-env", default="sokoban")
-    parser.add_argument("--seed-policy", default="tiny")
-    parser.add_argument("--seed-groups", type=int, default=32)
-    parser.add_argument("--seed-group-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=1, help="the seed actor's --seed")
-    parser.add_argument(
-        "--work",
-        default=str(Path(tempfile.gettempdir()) / "gagpo-view-scale"),
-        metavar="DIR",
-        help="stores (kept and reused), HOME and TMPDIR of the CLIs",
+    scale.add_seed_arguments(
+        parser, "gagpo-view-scale", "stores (kept and reused), HOME and TMPDIR of the CLIs"
     )
     parser.add_argument(
         "--timeout",
