@@ -19,11 +19,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from gagpo.actors.demos import DEMO_METADATA, Expert
-from gagpo.actors.envs import make_env
 from gagpo.actors.policies.presets import load_policy, load_version
 from gagpo.actors.rollout import GroupLost, GroupResult, GroupTask, Rollouts
 from gagpo.actors.slots import Slots
 from gagpo.actors.throttle import Throttle
+from gagpo.envs import make_env
 from gagpo.schemas import columns as C
 from gagpo.schemas.cache import policy_cache_dir
 from gagpo.schemas.config import ActorConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gagpo.actors.envs import environment_names
+from gagpo.envs import environment_names
 from gagpo.schemas import layout
 from gagpo.schemas.cli import config_option, run_cli, set_option
 from gagpo.schemas.cli_models import ModelOptions

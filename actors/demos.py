@@ -27,8 +27,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from gagpo.actors.envs.base import Environment
 from gagpo.actors.policies.base import Sample
+from gagpo.envs.base import Environment
 from gagpo.schemas import columns as C
 
 META_SOURCE = C.META_SOURCE

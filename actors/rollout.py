@@ -35,10 +35,11 @@ from datetime import UTC, datetime
 from itertools import count
 from typing import Any
 
-from gagpo.actors.envs.base import Environment
 from gagpo.actors.policies.base import PolicyBackend, Sample, request_seed
-from gagpo.actors.prompts import build_messages, parse_action
+from gagpo.actors.prompts import build_messages
 from gagpo.actors.slots import Slots, Started
+from gagpo.envs.base import Environment
+from gagpo.envs.parse import parse_action
 from gagpo.schemas import columns as C
 from gagpo.schemas.seeds import derive_seed
 
@@ -106,7 +107,7 @@ class _Rollout:
     step: int = 0
     ended: bool = False
     won: bool = False
-    # An agent's call (actors/envs/agent.py): the prompt is its own messages, and the
+    # An agent's call (envs/agent.py): the prompt is its own messages, and the
     # reply goes back to it whole; `rows` are its steps' rows (turn rewards come last).
     chat: Any = None
     rows: list[int] = field(default_factory=list)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from itertools import count
 from typing import Any, Literal
 
-from gagpo.actors.envs.base import Environment, Reset, Transition
+from gagpo.envs.base import Environment, Reset, Transition
 
 Executor = Literal["thread", "process", "inline"]
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 import polars as pl
 
 from gagpo.actors.actor import run_actor
-from gagpo.actors.envs import make_env
+from gagpo.envs import make_env
 from gagpo.schemas.config import ActorConfig, SamplingConfig
 from gagpo.schemas.store import Store
 

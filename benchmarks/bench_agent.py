@@ -25,8 +25,9 @@ MAX_TURNS = 6
 
 async def sokoban(client, task):
     """Sokoban, played through the model client as the native actor plays it."""
-    from gagpo.actors.envs.sokoban import Sokoban
-    from gagpo.actors.prompts import build_messages, parse_action
+    from gagpo.actors.prompts import build_messages
+    from gagpo.envs.parse import parse_action
+    from gagpo.envs.sokoban import Sokoban
 
     env = Sokoban(max_turns=task.max_turns)
     first = env.reset(task.seed)

@@ -90,10 +90,10 @@ class Rooms:
 
 def make(name: str, max_turns: int):
     if name == "rooms":
-        from gagpo.actors.envs.gym_adapter import GymAdapter
+        from gagpo.envs.gym_adapter import GymAdapter
 
         return GymAdapter(Rooms(), name="rooms", max_turns=max_turns, state_key="observation")
-    from gagpo.actors.envs import make_env
+    from gagpo.envs import make_env
 
     return make_env("webshop" if name == "webshop-queries" else name, max_turns)
 

@@ -73,10 +73,10 @@ from pathlib import Path
 
 import torch
 
-from gagpo.actors.envs import make_env
 from gagpo.actors.policies.base import request_seed
 from gagpo.actors.policies.presets import load_policy, resolve_model, tiny_dir
 from gagpo.actors.prompts import build_messages
+from gagpo.envs import make_env
 from gagpo.schemas.config import SamplingConfig, VllmSettings
 
 QWEN25_15B_SHAPE = dict(

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_grouping import MODES, advantages, singleton_share
 
-SEARCH_PAGE = "search"  # WebShop's state key on its search page (actors/envs/webshop.py)
+SEARCH_PAGE = "search"  # WebShop's state key on its search page (envs/webshop.py)
 COLUMNS = (*C.ADVANTAGE_INPUT_COLUMNS, C.ACTION_TEXT, C.ACTION_VALID, C.WON, C.ENV)
 
 

@@ -1,4 +1,4 @@
-"""Agreement of actors/envs/webshop_reward.py with WebShop's own `get_reward`.
+"""Agreement of envs/webshop_reward.py with WebShop's own `get_reward`.
 
 WebShop's code is not part of this project: the harness runs `goal.py` and
 `normalize.py` unmodified from a copy kept outside the repository, e.g.
@@ -32,8 +32,8 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from gagpo.actors.envs.webshop_data import Goal, Product, generated_goal, generated_shop
-from gagpo.actors.envs.webshop_reward import name_words, reward
+from gagpo.envs.webshop_data import Goal, Product, generated_goal, generated_shop
+from gagpo.envs.webshop_reward import name_words, reward
 
 SEEDS = (0, 1, 2)
 GOALS_PER_SEED = 40

@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY
+from gagpo.envs.base import INVALID_ACTION_PENALTY
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
 from gagpo.schemas.validate import validate_steps

@@ -16,8 +16,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from gagpo.actors.envs import environment_names, make_env
-from gagpo.actors.envs.textarena_env import hanoi_moves
+from gagpo.envs import environment_names, make_env
+from gagpo.envs.textarena_env import hanoi_moves
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from tests.helpers.actors import needs

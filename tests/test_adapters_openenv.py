@@ -13,8 +13,8 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from gagpo.actors.envs import make_env
-from gagpo.actors.envs.openenv_env import EnvironmentLost
+from gagpo.envs import make_env
+from gagpo.envs.openenv_env import EnvironmentLost
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.validate import validate_steps
@@ -103,7 +103,7 @@ def test_a_server_held_in_another_process_is_not_taken(servers):
         [
             sys.executable,
             "-c",
-            "import sys; from gagpo.actors.envs import make_env; "
+            "import sys; from gagpo.envs import make_env; "
             f"env = make_env({name!r}, 5); print('held', flush=True); sys.stdin.read()",
         ],
         cwd=ROOT,

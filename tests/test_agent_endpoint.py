@@ -19,9 +19,9 @@ import polars as pl
 import pytest
 
 from gagpo.actors.actor import run_actor
-from gagpo.actors.envs import check_env, make_env
-from gagpo.actors.openai_chat import RequestError, observation_key, parse_reply, read_request
 from gagpo.actors.policies.base import Sample
+from gagpo.envs import check_env, make_env
+from gagpo.envs.openai_chat import RequestError, observation_key, parse_reply, read_request
 from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
@@ -138,7 +138,7 @@ def test_an_environment_wrapped_as_an_agent_plays_the_native_steps(tmp_path: Pat
 
 
 def test_what_an_agent_returns():
-    from gagpo.actors.envs.agent import AgentError, read_outcome
+    from gagpo.envs.agent import AgentError, read_outcome
 
     assert read_outcome(1.0, 2) == ([0.0, 1.0], True, False)
     assert read_outcome(0, 1) == ([0.0], False, False)
@@ -381,7 +381,7 @@ def _external_agent(url: str, stop: threading.Event, played: list) -> None:
 
 
 def test_an_external_agent_plays_through_agent_http(tmp_path: Path):
-    from gagpo.actors.endpoint import shared_endpoint
+    from gagpo.envs.endpoint import shared_endpoint
 
     url = shared_endpoint().url  # one endpoint per process: the one other tests started
     port = int(url.rsplit(":", 1)[1])

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gagpo.actors.envs.alfworld_data import find_games, scan
-from gagpo.actors.envs.alfworld_env import ALFWorld
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Environment
-from gagpo.actors.envs.pddl_gen import SCENES, TASK_TYPES, Knowledge, generate_task
+from gagpo.envs.alfworld_data import find_games, scan
+from gagpo.envs.alfworld_env import ALFWorld
+from gagpo.envs.base import INVALID_ACTION_PENALTY, Environment
+from gagpo.envs.pddl_gen import SCENES, TASK_TYPES, Knowledge, generate_task
 from gagpo.schemas.errors import GagpoError
 from tests.helpers.actors import run_actors_with
 

@@ -129,8 +129,8 @@ def test_the_printed_sql_reproduces_the_table(sokoban_store, comparison):
 
 
 def test_oracle_labels_the_solver_moves():
-    from gagpo.actors.envs import step_oracle
-    from gagpo.actors.envs.sokoban import moves_to_go, parse_grid, push, render, solve
+    from gagpo.envs import step_oracle
+    from gagpo.envs.sokoban import moves_to_go, parse_grid, push, render, solve
 
     oracle = step_oracle("sokoban")  # declared by the class, found without naming it here
     assert oracle is not None and step_oracle("household") is None

@@ -8,11 +8,11 @@ from collections import defaultdict
 
 import pytest
 
-from gagpo.actors.envs import ENVIRONMENTS, make_env
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Environment
-from gagpo.actors.envs.household import GOAL_KINDS, Household
-from gagpo.actors.envs.parse import normalise_command
-from gagpo.actors.envs.sokoban import MOVES, Sokoban, generate, parse_grid, render
+from gagpo.envs import ENVIRONMENTS, make_env
+from gagpo.envs.base import INVALID_ACTION_PENALTY, Environment
+from gagpo.envs.household import GOAL_KINDS, Household
+from gagpo.envs.parse import normalise_command
+from gagpo.envs.sokoban import MOVES, Sokoban, generate, parse_grid, render
 from gagpo.schemas.errors import GagpoError
 
 SEEDS = range(120)
@@ -400,7 +400,7 @@ def test_bad_max_turns_is_a_gagpo_error(cls: type) -> None:
 
 
 def test_env_options_are_passed_and_unknown_ones_named():
-    from gagpo.actors.envs import make_env
+    from gagpo.envs import make_env
 
     env = make_env("sokoban", 5, max_boxes=1)
     assert env.max_turns == 5

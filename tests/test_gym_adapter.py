@@ -14,8 +14,8 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from gagpo.actors.envs.base import Environment
-from gagpo.actors.envs.gym_adapter import GymAdapter
+from gagpo.envs.base import Environment
+from gagpo.envs.gym_adapter import GymAdapter
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.validate import validate_steps
@@ -349,7 +349,7 @@ ACTORS = [sys.executable, "-m", "gagpo.actors.cli", "--quiet"]
 _PROBE = """
 import json
 import shutil
-from gagpo.actors.envs import environment_names, make_env
+from gagpo.envs import environment_names, make_env
 from gagpo.schemas.errors import GagpoError
 out = {"names": environment_names()}
 env = make_env("toy-keyroom", 4, doors=3, state_key="gagpo_keyroom_test:room_state")

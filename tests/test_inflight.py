@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 
 from gagpo.actors.actor import run_actor
-from gagpo.actors.envs.sokoban import Sokoban
 from gagpo.actors.slots import Slots
+from gagpo.envs.sokoban import Sokoban
 from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.store import Store

@@ -2,7 +2,8 @@
 lazy ones (inside functions, under TYPE_CHECKING) included.
 
     schemas    imports nothing of ours
-    actors     imports schemas
+    envs       imports schemas (environments, their adapters and the agent endpoint)
+    actors     imports schemas and envs
     pipeline   imports schemas; never torch
     learner    imports schemas and pipeline; never actors
     workflows  imports all
@@ -16,14 +17,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("schemas", "actors", "pipeline", "learner", "workflows")
+LAYERS = ("schemas", "envs", "actors", "pipeline", "learner", "workflows")
 # The layers of ours each layer may import (itself always), and outside packages it may not.
 ALLOWED = {
     "schemas": set(),
-    "actors": {"schemas"},
+    "envs": {"schemas"},
+    "actors": {"schemas", "envs"},
     "pipeline": {"schemas"},
     "learner": {"schemas", "pipeline"},
-    "workflows": {"schemas", "actors", "pipeline", "learner"},
+    "workflows": {"schemas", "envs", "actors", "pipeline", "learner"},
 }
 FORBIDDEN_PACKAGES = {"pipeline": {"torch"}}
 

@@ -52,7 +52,7 @@ def success_by_traj(store: Store) -> dict[str, tuple[bool, bool]]:
 def test_a_lost_textworld_game_is_a_failure_everywhere(store_dir: Path) -> None:
     import textworld
 
-    from gagpo.actors.envs.textworld_env import TextWorld
+    from gagpo.envs.textworld_env import TextWorld
 
     # A treasure hunt is lost by taking its wrong object (the quest's fail event).
     game = tw_make("treasure-2")

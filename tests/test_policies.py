@@ -14,7 +14,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gagpo.actors.envs import ENVIRONMENTS
 from gagpo.actors.policies import (
     PolicyBackend,
     Sample,
@@ -25,7 +24,9 @@ from gagpo.actors.policies import (
     resolve_model,
 )
 from gagpo.actors.policies.hf import HFPolicy, common_prefix_length
-from gagpo.actors.prompts import build_messages, parse_action
+from gagpo.actors.prompts import build_messages
+from gagpo.envs import ENVIRONMENTS
+from gagpo.envs.parse import parse_action
 from gagpo.schemas.errors import GagpoError
 
 # Measured on this project's 2-core CPU (float32): tiny 9.5e-7 and smollm2-135m 2.1e-5

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gagpo.actors.prompts import REPLY_REQUEST, build_messages, parse_action
+from gagpo.actors.prompts import REPLY_REQUEST, build_messages
+from gagpo.envs.parse import parse_action
 
 HISTORY = [(f"obs {i}", f"act {i}") for i in range(5)]
 

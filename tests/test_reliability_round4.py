@@ -619,7 +619,7 @@ def test_a_recompute_that_fails_midway_leaves_no_table(tmp_path, key_module):
 
 
 def test_an_environment_library_that_fails_to_import_is_one_line(tmp_path, monkeypatch):
-    from gagpo.actors.envs.external import require
+    from gagpo.envs.external import require
 
     (tmp_path / "brokenlib").mkdir()
     (tmp_path / "brokenlib" / "__init__.py").write_text('raise RuntimeError("needs Python 3.12")\n')

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gagpo.actors.envs import textworld_env
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Environment
-from gagpo.actors.envs.external import match_command
-from gagpo.actors.envs.textworld_env import CHALLENGES, TextWorld, game_settings
+from gagpo.envs import textworld_env
+from gagpo.envs.base import INVALID_ACTION_PENALTY, Environment
+from gagpo.envs.external import match_command
+from gagpo.envs.textworld_env import CHALLENGES, TextWorld, game_settings
 from gagpo.schemas.errors import GagpoError
 from tests.helpers.actors import run_actors_with
 from tests.helpers.textworld import TW_MAKE, needs_textworld, tw_make

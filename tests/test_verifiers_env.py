@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("verifiers", reason="the verifiers extra is not installed")
 
 from gagpo.actors.actor import run_actor
-from gagpo.actors.envs import check_env
+from gagpo.envs import check_env
 from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError

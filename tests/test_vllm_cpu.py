@@ -306,9 +306,9 @@ def test_hot_reload_of_a_published_lora_adapter(base, prompt, model_dir, tmp_pat
 def play(policy, groups: int, in_flight: int, *, switch=None, env=None):
     """`groups` sokoban groups of GROUP rollouts through the continuous loop with
     `in_flight` groups at once; `switch(runner)` runs after each round that ended a group."""
-    from gagpo.actors.envs.sokoban import Sokoban
     from gagpo.actors.rollout import GroupLost, GroupTask, Rollouts
     from gagpo.actors.slots import Slots
+    from gagpo.envs.sokoban import Sokoban
 
     results = []
     with Slots(env or (lambda: Sokoban(max_turns=4)), in_flight * GROUP) as slots:

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from gagpo.actors.demos import DEMONSTRATION, META_SOURCE, Expert
-from gagpo.actors.envs import make_env
 from gagpo.actors.rollout import rollout_group
+from gagpo.envs import make_env
 from gagpo.learner.sft import sft_loss
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
@@ -208,8 +208,8 @@ def test_warm_started_policy_beats_the_untrained_one(warm):
 def test_cache_key_follows_the_environments_revision(monkeypatch):
     """A built-in environment whose observations changed (its `revision`) gets new warm-start
     cache keys; environments without one keep theirs."""
-    from gagpo.actors.envs.household import Household
-    from gagpo.actors.envs.sokoban import Sokoban
+    from gagpo.envs.household import Household
+    from gagpo.envs.sokoban import Sokoban
     from gagpo.workflows.warmstart import WarmstartConfig, cache_key
 
     household, sokoban = WarmstartConfig(env="household"), WarmstartConfig(env="sokoban")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gagpo.actors.envs import make_env
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY
-from gagpo.actors.envs.webshop import WebShop, canonical, parse_command
-from gagpo.actors.envs.webshop_data import Goal, Product, generated_shop, load_shop
-from gagpo.actors.envs.webshop_reward import normalize_color, reward, token_set_ratio, type_reward
+from gagpo.envs import make_env
+from gagpo.envs.base import INVALID_ACTION_PENALTY
+from gagpo.envs.webshop import WebShop, canonical, parse_command
+from gagpo.envs.webshop_data import Goal, Product, generated_shop, load_shop
+from gagpo.envs.webshop_reward import normalize_color, reward, token_set_ratio, type_reward
 from gagpo.schemas.errors import GagpoError
 
 

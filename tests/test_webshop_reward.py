@@ -1,4 +1,4 @@
-"""WebShop's reward (actors/envs/webshop_reward.py) against WebShop's own rules.
+"""WebShop's reward (envs/webshop_reward.py) against WebShop's own rules.
 
 Every expected value below is what WebShop's reference code gives, worked out from the
 function named in the case: `web_agent_site/engine/goal.py` (get_type_reward,
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gagpo.actors.envs.webshop_data import Goal, Product
-from gagpo.actors.envs.webshop_reward import (
+from gagpo.envs.webshop_data import Goal, Product
+from gagpo.envs.webshop_reward import (
     COLOURS,
     attribute_matches,
     name_words,

@@ -8,7 +8,7 @@ STORE/advantages/<tag>/ so that SQL sees them. For each estimator, over every st
 - advantage IQR: the spread of the advantages (numpy's / DuckDB's linear quantiles);
 - credit AUC: the probability that a move the environment's step oracle calls optimal (it
   starts a shortest solution from its state: Sokoban's exact solver, the environment
-  class's `optimal_moves`, actors/envs/base.py `StepOracle`) has a higher advantage than one it does
+  class's `optimal_moves`, envs/base.py `StepOracle`) has a higher advantage than one it does
   not (ties ½; 0.5 = no credit, 1 = perfect ranking). Steps in solved or unsolvable states
   carry no label and are left out of the AUC only;
 - credit AUC within a state: the same, over the pairs of moves made from one state of one
@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from gagpo.actors.envs import step_oracle
-from gagpo.actors.envs.base import StepOracle
+from gagpo.envs import step_oracle
+from gagpo.envs.base import StepOracle
 from gagpo.pipeline.config import EstimatorConfig, parse_estimator_config
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
@@ -49,7 +49,7 @@ SQL_QUERY = (
 )
 
 
-# --- the oracle: an environment's optimal moves (actors/envs/base.py, StepOracle) ----------
+# --- the oracle: an environment's optimal moves (envs/base.py, StepOracle) ----------
 
 
 def oracle_of(env: str) -> type[StepOracle]:

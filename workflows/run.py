@@ -220,7 +220,7 @@ def run(
         LearnerConfig, path, "learner", learner_sets | {"store": store}, by_table["learner"]
     )
     check_store_path(store)
-    from gagpo.actors.envs import check_env
+    from gagpo.envs import check_env
 
     check_env(actor_cfg.env, dict(actor_cfg.env_options))
     actor_args = [arg for item in by_table["actors"] for arg in ("--set", item)]
@@ -501,7 +501,7 @@ def after_run(store: str, config: RunConfig, actor_cfg: ActorConfig, estimator, 
             heldout = [change(rows)]
     if config.report:
         written = [report(store)]
-    from gagpo.actors.envs import step_oracle
+    from gagpo.envs import step_oracle
 
     if config.credit and step_oracle(actor_cfg.env) is not None:  # the env declares an oracle
         from gagpo.workflows.credit import credit_report

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # Polars and the solver load when a page asks, not for `gagpo
 
 
 class EnvironmentOracle:
-    """The step oracle an environment declares (actors/envs/base.py, StepOracle; Sokoban's
+    """The step oracle an environment declares (envs/base.py, StepOracle; Sokoban's
     exact solver) as the view's `StepOracle` (pipeline/view/data.py): a group of an
     environment that declares none gets no labels."""
 
@@ -30,7 +30,7 @@ class EnvironmentOracle:
         envs = steps[C.ENV].unique().to_list() if steps.height else []
         if len(envs) != 1:
             return None
-        from gagpo.actors.envs import step_oracle
+        from gagpo.envs import step_oracle
 
         oracle = step_oracle(envs[0])
         if oracle is None:

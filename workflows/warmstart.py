@@ -120,7 +120,7 @@ def cache_key(cfg: WarmstartConfig) -> str:
 def env_revision(env: str) -> int:
     """A built-in environment's `revision` (0 for others): bumped when its observations or
     instructions change, so that warm starts trained on the old text are rebuilt."""
-    from gagpo.actors.envs import ENVIRONMENTS
+    from gagpo.envs import ENVIRONMENTS
 
     return getattr(ENVIRONMENTS.get(env), "revision", 0)
 

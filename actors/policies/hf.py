@@ -74,7 +74,7 @@ class HFPolicy:
     """A Hugging Face causal LM loaded from a local folder (CPU float32, CUDA bfloat16)."""
 
     # A reply is one command and ends with its line; agents' replies span lines (the actor
-    # turns this off for environments whose `stop_strings` are empty: actors/envs/agent.py).
+    # turns this off for environments whose `stop_strings` are empty: envs/agent.py).
     stop_at_newline = True
 
     def __init__(

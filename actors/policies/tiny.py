@@ -65,7 +65,7 @@ def tiny_vocabulary(words: Iterable[str]) -> list[str]:
 
 def environment_words() -> list[str]:
     """The union of `vocabulary()` over every registered environment."""
-    from gagpo.actors.envs import ENVIRONMENTS
+    from gagpo.envs import ENVIRONMENTS
 
     words: set[str] = set()
     for env_cls in ENVIRONMENTS.values():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gagpo.actors.envs.sokoban import Sokoban
+from gagpo.envs.sokoban import Sokoban
 
 
 class Staggered(Sokoban):

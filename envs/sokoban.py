@@ -16,8 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from functools import cache
 
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
-from gagpo.actors.envs.parse import normalise_command
+from gagpo.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
+from gagpo.envs.parse import normalise_command, parse_action
 from gagpo.schemas.errors import GagpoError
 
 WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "#_.$*@+"
@@ -284,8 +284,6 @@ class Sokoban:
 
     @classmethod
     def parse_move(cls, reply: str) -> str | None:
-        from gagpo.actors.prompts import parse_action
-
         move = parse_action(reply, MOVES)
         return move if move in MOVES else None
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gagpo.actors.envs.pddl_gen import TASK_TYPES
+from gagpo.envs.pddl_gen import TASK_TYPES
 from gagpo.schemas.errors import GagpoError
 
 GAME_FILE = "game.tw-pddl"

@@ -21,19 +21,19 @@ import inspect
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
-from gagpo.actors.envs.agent import AgentEnv, AgentHTTPEnv, is_agent
-from gagpo.actors.envs.alfworld_env import ALFWorld
-from gagpo.actors.envs.base import Environment, StepOracle
-from gagpo.actors.envs.gem_env import GemEnv
-from gagpo.actors.envs.gym_adapter import ADAPTER_OPTIONS, GymAdapter
-from gagpo.actors.envs.household import Household
-from gagpo.actors.envs.openenv_env import OpenEnvHTTP
-from gagpo.actors.envs.reasoning_gym_env import ReasoningGymEnv
-from gagpo.actors.envs.sokoban import Sokoban
-from gagpo.actors.envs.textarena_env import TextArenaEnv
-from gagpo.actors.envs.textworld_env import TextWorld
-from gagpo.actors.envs.verifiers_env import VerifiersEnv
-from gagpo.actors.envs.webshop import WebShop
+from gagpo.envs.agent import AgentEnv, AgentHTTPEnv, is_agent
+from gagpo.envs.alfworld_env import ALFWorld
+from gagpo.envs.base import Environment, StepOracle
+from gagpo.envs.gem_env import GemEnv
+from gagpo.envs.gym_adapter import ADAPTER_OPTIONS, GymAdapter
+from gagpo.envs.household import Household
+from gagpo.envs.openenv_env import OpenEnvHTTP
+from gagpo.envs.reasoning_gym_env import ReasoningGymEnv
+from gagpo.envs.sokoban import Sokoban
+from gagpo.envs.textarena_env import TextArenaEnv
+from gagpo.envs.textworld_env import TextWorld
+from gagpo.envs.verifiers_env import VerifiersEnv
+from gagpo.envs.webshop import WebShop
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.extras import require
 
@@ -54,7 +54,7 @@ FAMILIES: dict[str, type] = {
     "gem/": GemEnv,
     "reasoning_gym/": ReasoningGymEnv,
     "openenv+": OpenEnvHTTP,
-    "agent:": AgentEnv,  # your own agent, in this process (actors/envs/agent.py)
+    "agent:": AgentEnv,  # your own agent, in this process (envs/agent.py)
     "agent+": AgentHTTPEnv,  # agent+http: an agent in another process
     "verifiers:": VerifiersEnv,  # a verifiers v1 environment, through the agent endpoint
 }

@@ -15,8 +15,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gagpo.actors.envs.base import Transition
-from gagpo.actors.envs.parse import normalise_command
+from gagpo.envs.base import Transition
+from gagpo.envs.parse import normalise_command
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.files import atomic_write
 

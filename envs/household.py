@@ -19,8 +19,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
-from gagpo.actors.envs.parse import normalise_command
+from gagpo.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
+from gagpo.envs.parse import normalise_command
 from gagpo.schemas.errors import GagpoError
 
 GOAL_KINDS = ("pick_place", "clean", "heat", "cool", "look_in_light", "pick_two")

@@ -1,9 +1,9 @@
 """The actor's agent endpoint: a loopback OpenAI-compatible server, one per actor process.
 
-Each rollout of an agent environment (actors/envs/agent.py) opens a *rollout* here and
+Each rollout of an agent environment (envs/agent.py) opens a *rollout* here and
 gets its own base URL, `http://127.0.0.1:PORT/r/<token>/v1`, so the calls of one rollout
 are tied together without a field of the agent's own. The server answers nothing by
-itself: a `POST .../chat/completions` is checked (actors/openai_chat.py), handed to the
+itself: a `POST .../chat/completions` is checked (envs/openai_chat.py), handed to the
 rollout's environment slot as an event, and held until the rollout loop has sampled the
 reply with the actor's policy (whatever its backend and batching) and the slot answers it.
 
@@ -35,7 +35,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from gagpo.actors.openai_chat import Call, RequestError, read_request
+from gagpo.envs.openai_chat import Call, RequestError, read_request
 from gagpo.schemas.errors import GagpoError
 
 

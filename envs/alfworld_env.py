@@ -34,17 +34,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gagpo.actors.envs.alfworld_data import GAME_FILE, find_games
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
-from gagpo.actors.envs.external import (
+from gagpo.envs.alfworld_data import GAME_FILE, find_games
+from gagpo.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
+from gagpo.envs.external import (
     PIP_ALFWORLD,
     end_turn,
     match_command,
     require,
     write_json_atomic,
 )
-from gagpo.actors.envs.parse import normalise_command
-from gagpo.actors.envs.pddl_gen import TASK_TYPES, Knowledge, generate_task, vocabulary_types
+from gagpo.envs.parse import normalise_command
+from gagpo.envs.pddl_gen import TASK_TYPES, Knowledge, generate_task, vocabulary_types
 from gagpo.schemas.cache import cache_root
 from gagpo.schemas.errors import GagpoError
 

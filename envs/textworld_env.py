@@ -39,8 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
-from gagpo.actors.envs.external import (
+from gagpo.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
+from gagpo.envs.external import (
     PIP_TEXTWORLD,
     clean_feedback,
     end_turn,
@@ -85,7 +85,7 @@ GAME_EXTENSION = ".z8"
 _USER_META: dict[tuple[str, int], dict[str, Any]] = {}  # (game file, mtime) -> its meta
 _PLANS: dict[tuple[str, int], tuple[tuple[str, ...], tuple[str, ...]]] = {}  # checked walkthroughs
 _MAKE_GAME = (
-    "import sys; from gagpo.actors.envs.textworld_env import make_game; "
+    "import sys; from gagpo.envs.textworld_env import make_game; "
     "make_game(sys.argv[1], sys.argv[2])"
 )
 NOTHING_HAPPENS = "Nothing happens."

@@ -36,8 +36,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gagpo.actors.envs.base import Reset, Transition
-from gagpo.actors.envs.external import match_command
+from gagpo.envs.base import Reset, Transition
+from gagpo.envs.external import match_command
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.loader import load_object
 

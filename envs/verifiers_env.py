@@ -7,9 +7,9 @@ way verifiers resolves it (`verifiers.v1.tasksets.<id>` first, then `<id>` itsel
 verifiers way (`resolve_env_config`, `load_environment`), served once per actor process
 (`Env.serving`: verifiers' interception server), and each rollout plays one episode
 (`Env.run_episode`) of the task its seed names, with the run's model client pointed at
-the rollout's base URL on the actor's endpoint (actors/endpoint.py). Every model call of
+the rollout's base URL on the actor's endpoint (envs/endpoint.py). Every model call of
 the episode's agents goes through verifiers' interception to that URL: one call, one
-step, as for `agent:` environments (actors/envs/agent.py).
+step, as for `agent:` environments (envs/agent.py).
 
 - **Task**: a finite taskset's task `seed mod size` (in `load()` order); an infinite
   one's task number `seed`.
@@ -18,7 +18,7 @@ step, as for `agent:` environments (actors/envs/agent.py).
   `finalize` recorded), their mean if several. Won when it reaches `won_at`; truncated
   when verifiers stopped the trace at a limit of its own (`LIMITS`).
 - **Harness**: a role that pins none gets the taskset's own, else the in-process chat
-  loop of actors/envs/verifiers_harness.py (verifiers' default `bash` and `null` loops
+  loop of envs/verifiers_harness.py (verifiers' default `bash` and `null` loops
   install a script's dependencies through `uv` at run time, which needs the network);
   `harness=ID` picks another for those roles. A role that pins no runtime runs in a
   subprocess runtime (verifiers' default is a remote Prime sandbox).
@@ -38,7 +38,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gagpo.actors.envs.agent import AgentEnv, AgentError
+from gagpo.envs.agent import AgentEnv, AgentError
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.extras import require
 
@@ -187,7 +187,7 @@ def _env_data(taskset_id: str, taskset: dict, env_id: str, harness: str | None) 
     runtime, ours (see the module docstring)."""
     from verifiers.v1 import AgentConfig, default_harness_id, env_config_type
 
-    from gagpo.actors.envs.verifiers_harness import HARNESS_ID
+    from gagpo.envs.verifiers_harness import HARNESS_ID
 
     if os.getcwd() not in sys.path:  # a module beside the command, as `agent:` finds it
         sys.path.insert(0, os.getcwd())

@@ -2,13 +2,13 @@
 
 The user's agent, `async def agent(client, task) -> float | dict`, is played once per
 rollout: `client` is an `openai.AsyncOpenAI` whose base URL is the rollout's own on the
-actor's endpoint (actors/endpoint.py), and each `chat.completions.create` call is one
+actor's endpoint (envs/endpoint.py), and each `chat.completions.create` call is one
 turn. Seen from the rollout loop an agent is an environment like any other, built once
 per slot and reset per rollout:
 
 - `reset(seed)` starts the agent and returns at its first call (observation, state key,
   and the call itself as the rollout's `chat`: the loop encodes its messages with the
-  chat template, actors/openai_chat.py);
+  chat template, envs/openai_chat.py);
 - `step(reply)` answers the held call with the sampled reply and returns at the agent's
   next call (reward 0) or its return (`done`, the episode's reward, `won`).
 
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gagpo.actors.envs.base import Reset, Transition
-from gagpo.actors.openai_chat import Call
+from gagpo.envs.base import Reset, Transition
+from gagpo.envs.openai_chat import Call
 from gagpo.schemas.errors import GagpoError
 
 DEFAULT_MODEL = "policy"
@@ -192,7 +192,7 @@ class AgentEnv:
     # -- the environment protocol ------------------------------------------------------
 
     def reset(self, task_seed: int) -> AgentReset:
-        from gagpo.actors.endpoint import shared_endpoint
+        from gagpo.envs.endpoint import shared_endpoint
 
         self.close()
         self._endpoint = shared_endpoint(self.port)

@@ -72,7 +72,7 @@ class StepOracle(Protocol):
     """A capability an environment class declares by defining both methods: it knows, for a
     state key, which moves start a shortest solution from there. Post-run steps (the credit
     comparison of `gagpo run`, the compare page of `gagpo view`) ask for it through
-    `gagpo.actors.envs.step_oracle(name)`, never by an environment's name."""
+    `gagpo.envs.step_oracle(name)`, never by an environment's name."""
 
     @classmethod
     def optimal_moves(cls, state_key: str) -> frozenset[str]:

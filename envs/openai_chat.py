@@ -19,6 +19,7 @@ Nothing here imports a server or the `openai` package: requests are plain JSON o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import re
@@ -26,8 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from gagpo.actors.policies.base import Sample
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -68,16 +67,16 @@ class Call:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         return list(ids[-policy.prompt_budget :])
 
-    def fit(self, sample: Sample, policy) -> Sample:
+    def fit(self, sample, policy):
         """The reply cut to the call's `max_tokens` (a prefix of a sample is a sample of the
         shorter reply: its log-probs are unchanged)."""
         if self.max_tokens is None or len(sample.token_ids) <= self.max_tokens:
             return sample
         ids, logprobs = sample.token_ids[: self.max_tokens], sample.logprobs[: self.max_tokens]
         text = policy.tokenizer.decode(ids, skip_special_tokens=True)
-        return Sample(text=text, token_ids=ids, logprobs=logprobs)
+        return dataclasses.replace(sample, text=text, token_ids=ids, logprobs=logprobs)
 
-    def respond(self, prompt: list[int], sample: Sample, version: int, policy) -> dict:
+    def respond(self, prompt: list[int], sample, version: int, policy) -> dict:
         """The OpenAI chat completion answering this call with `sample`."""
         content, tool_calls = parse_reply(sample.text, self.tools, self.turn)
         tokenizer = policy.tokenizer

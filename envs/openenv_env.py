@@ -47,8 +47,8 @@ import uuid
 import weakref
 from typing import Any
 
-from gagpo.actors.envs.base import Reset, Transition
-from gagpo.actors.envs.library import LibraryEnv, canonical
+from gagpo.envs.base import Reset, Transition
+from gagpo.envs.library import LibraryEnv, canonical
 from gagpo.schemas.errors import GagpoError
 
 PREFIX = "openenv+"

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gagpo.actors.envs.base import Reset, Transition
-from gagpo.actors.envs.library import LibraryEnv, canonical, import_library
+from gagpo.envs.base import Reset, Transition
+from gagpo.envs.library import LibraryEnv, canonical, import_library
 from gagpo.schemas.errors import GagpoError
 
 PREFIX = "textarena/"

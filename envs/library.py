@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gagpo.actors.envs.base import Transition
-from gagpo.actors.envs.external import require
+from gagpo.envs.base import Transition
+from gagpo.envs.external import require
 from gagpo.schemas.errors import GagpoError
 
 # Exact pins: the versions the adapters and their tests were written against (Makefile).

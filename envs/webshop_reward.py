@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
 
-from gagpo.actors.envs.external import require
+from gagpo.envs.external import require
 
 FUZZY_THRESHOLD = 85  # a token-set ratio above this is a match (goal.py)
 

@@ -1,4 +1,4 @@
-"""An in-process chat harness for verifiers v1 (`--env verifiers:...`, actors/envs/verifiers_env.py).
+"""An in-process chat harness for verifiers v1 (`--env verifiers:...`, envs/verifiers_env.py).
 
 verifiers' own chat loops (`null`, `bash`) run a PEP 723 script through `uv` in a
 runtime, once per segment: `uv sync` fetches the script's dependencies from the package

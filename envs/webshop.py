@@ -20,8 +20,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from gagpo.actors.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
-from gagpo.actors.envs.webshop_data import (
+from gagpo.envs.base import INVALID_ACTION_PENALTY, Reset, Transition
+from gagpo.envs.webshop_data import (
     PRODUCT_WINDOW,
     Goal,
     Product,
@@ -32,7 +32,7 @@ from gagpo.actors.envs.webshop_data import (
     load_shop,
     words,
 )
-from gagpo.actors.envs.webshop_reward import reward
+from gagpo.envs.webshop_reward import reward
 from gagpo.schemas.errors import GagpoError
 
 SEP = " [SEP] "
