@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 
 from gagpo.actors.policies.base import Sample
-from gagpo.envs.base import Environment
+from gagpo.envs.base import Environment, Replanner
 from gagpo.schemas import columns as C
 
 META_SOURCE = C.META_SOURCE
@@ -71,8 +71,9 @@ class Expert:
         if plan is None:  # first turn: the environment was just reset
             plan = self._plans[id(env)] = _Plan(list(env.expert_plan() or []))
         if plan.replan_due:
-            replan = getattr(env, "replan", None)
-            fresh = replan() if replan is not None else None
+            # A worker process's proxy forwards the call; an environment without the
+            # capability answers None there.
+            fresh = env.replan() if isinstance(env, Replanner) else None
             if fresh is not None:
                 plan.commands = list(fresh)
             plan.replan_due = False

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from itertools import count
 from typing import Any, Literal
 
-from gagpo.envs.base import Environment, Reset, Transition
+from gagpo.envs.base import Environment, Reset, Transition, capabilities
 
 Executor = Literal["thread", "process", "inline"]
 
@@ -123,7 +123,7 @@ def _run(envs: dict[int, Environment], make_env, slot: int, op: str, args: tuple
     if env is None and op != "discard":
         with _ENGINE_LOCK:
             env = envs[slot] = make_env()
-    if env is not None and not getattr(env, "thread_safe", True):
+    if env is not None and not capabilities(env).thread_safe:
         with _ENGINE_LOCK:
             return _apply(envs, make_env, slot, op, args)
     return _apply(envs, make_env, slot, op, args)

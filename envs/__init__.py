@@ -1,52 +1,84 @@
-"""Built-in environments, environments from other packages, and the registry the actors build them from.
+"""Environments: the registry the actors build them from, the built-in ones, and adapters
+for environments of other packages.
 
-To add a built-in environment, import its class here and add it to `ENVIRONMENTS` under
-its `name`; keep heavy third-party imports inside that environment's methods, so that
-importing the registry stays fast and works without the optional extras.
+Every named environment is a plugin behind the entry-point group `gagpo.envs`: the
+built-in ones are this distribution's own entry points (pyproject.toml), so an
+environment's module is imported only when it is used, and another package registers
+its own the same way (docs/environments.md, "Your own environment"). An entry point names
+a class (or factory) that is either an `Environment` of this project (its `reset` takes
+`task_seed`) or a Gymnasium-style text environment (`reset(seed=...)`), which
+`GymAdapter` wraps. Built-in names win over other packages' entry points of the same name.
 
 Libraries of the ecosystem are selected by a name of their family, with no glue code:
-`textarena/<game>`, `gem/<env id>`, `reasoning_gym/<dataset>`, `openenv+http://HOST:PORT`, `verifiers:<taskset>`
-(`FAMILIES`; each adapter imports its library only when built).
+`textarena/<game>`, `gem/<env id>`, `reasoning_gym/<dataset>`, `openenv+http://HOST:PORT`,
+`agent:MODULE:FUNCTION`, `agent+http`, `verifiers:<taskset>` (`FAMILIES`, matched by
+prefix; each adapter imports its library only when built).
 
-Other packages add environments through the entry-point group `gagpo.envs`
-(docs/environments.md): the entry point names a class (or factory) that is either an
-`Environment` of this project (its `reset` takes `task_seed`) or a Gymnasium-style text
-environment (`reset(seed=...)`), which `GymAdapter` wraps. Built-in names win over
-entry points of the same name.
+What an environment declares beyond the protocol (a step oracle, replanning, whether it
+may be stepped beside other slots) is read by `capabilities_of(name)`, never by its name.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator, Mapping
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
 from gagpo.envs.agent import AgentEnv, AgentHTTPEnv, is_agent
-from gagpo.envs.alfworld_env import ALFWorld
-from gagpo.envs.base import Environment, StepOracle
+from gagpo.envs.base import Capabilities, Environment, StepOracle, capabilities
 from gagpo.envs.gem_env import GemEnv
 from gagpo.envs.gym_adapter import ADAPTER_OPTIONS, GymAdapter
-from gagpo.envs.household import Household
 from gagpo.envs.openenv_env import OpenEnvHTTP
 from gagpo.envs.reasoning_gym_env import ReasoningGymEnv
-from gagpo.envs.sokoban import Sokoban
 from gagpo.envs.textarena_env import TextArenaEnv
-from gagpo.envs.textworld_env import TextWorld
 from gagpo.envs.verifiers_env import VerifiersEnv
-from gagpo.envs.webshop import WebShop
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.extras import require
 
 ENTRY_POINT_GROUP = "gagpo.envs"
 ENGINE_EXTRAS = ("textworld", "alfworld")
 
-ENVIRONMENTS: dict[str, type[Environment]] = {
-    ALFWorld.name: ALFWorld,
-    Household.name: Household,
-    Sokoban.name: Sokoban,
-    TextWorld.name: TextWorld,
-    WebShop.name: WebShop,
-}
+DISTRIBUTION = "gagpo"  # whose entry points are the built-in environments
+
+
+class _BuiltIn(Mapping[str, type[Environment]]):
+    """The built-in environments by name: this distribution's entry points of the group,
+    each class imported on first use (importing the registry imports no game)."""
+
+    @staticmethod
+    @cache
+    def _points() -> dict[str, EntryPoint]:
+        points = {
+            ep.name: ep
+            for ep in entry_points(group=ENTRY_POINT_GROUP)
+            if ep.dist is not None and ep.dist.name == DISTRIBUTION
+        }
+        if not points:
+            raise GagpoError(
+                f"the built-in environments are not registered (no {ENTRY_POINT_GROUP} entry "
+                f"points of {DISTRIBUTION}); install the project: pip install -e ."
+            )
+        return points
+
+    @staticmethod
+    @cache
+    def _load(name: str) -> type[Environment]:
+        return _BuiltIn._points()[name].load()
+
+    def __getitem__(self, name: str) -> type[Environment]:
+        if name not in self._points():
+            raise KeyError(name)
+        return self._load(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._points()))
+
+    def __len__(self) -> int:
+        return len(self._points())
+
+
+ENVIRONMENTS: Mapping[str, type[Environment]] = _BuiltIn()
 
 # Name prefix -> the adapter that plays what follows it (a game id, a dataset, a URL).
 FAMILIES: dict[str, type] = {
@@ -72,7 +104,9 @@ FAMILY_PATTERNS = (
 def plugin_environments() -> dict[str, EntryPoint]:
     """Entry points of the group `gagpo.envs` in the installed packages (not loaded)."""
     return {
-        ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in ENVIRONMENTS
+        ep.name: ep
+        for ep in entry_points(group=ENTRY_POINT_GROUP)
+        if ep.name not in ENVIRONMENTS and (ep.dist is None or ep.dist.name != DISTRIBUTION)
     }
 
 
@@ -137,18 +171,30 @@ def _is_native(target: object) -> bool:
         return False
 
 
+def _class_of(name: str) -> object | None:
+    """What environment `name` is built from (a class, or a plugin's factory), nothing
+    built; None for a name no environment has."""
+    if name in ENVIRONMENTS:
+        return ENVIRONMENTS[name]
+    if (family := _family(name)) is not None:
+        return family[0]
+    if name in plugin_environments():
+        return _plugin(name)[1]
+    return None
+
+
+def capabilities_of(name: str) -> Capabilities:
+    """What environment `name` declares (base.Capabilities); nothing is built. A plugin's
+    factory that is not a class declares nothing."""
+    target = _class_of(name)
+    return capabilities(target) if isinstance(target, type) else Capabilities()
+
+
 def step_oracle(name: str) -> type[StepOracle] | None:
     """The class of environment `name` when it declares the step-oracle capability
     (base.StepOracle: the optimal moves from a state), else None; nothing is built."""
-    if name in ENVIRONMENTS:
-        cls = ENVIRONMENTS[name]
-    elif (family := _family(name)) is not None:
-        cls = family[0]
-    elif name in plugin_environments():
-        cls = _plugin(name)[1]
-    else:
-        return None
-    return cls if isinstance(cls, type) and isinstance(cls, StepOracle) else None
+    target = _class_of(name)
+    return target if isinstance(target, type) and capabilities(target).step_oracle else None  # type: ignore[return-value]
 
 
 def check_env(name: str, options: dict) -> None:

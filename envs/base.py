@@ -9,6 +9,7 @@ equal strings mean the same state (docs/design.md §3, §5).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Protocol, runtime_checkable
 
 # Reward given for a reply the environment cannot parse or apply; the state is unchanged.
@@ -84,3 +85,53 @@ class StepOracle(Protocol):
     def parse_move(cls, reply: str) -> str | None:
         """The move a reply names, as `optimal_moves` spells it; None if it names none."""
         ...
+
+
+@runtime_checkable
+class Replanner(Protocol):
+    """A capability an environment declares by defining `replan`: a fresh expert plan from
+    the current state, so a noisy demonstrator (actors/demos.py) resumes solving after a
+    random detour instead of replaying a plan that no longer fits."""
+
+    def replan(self) -> list[str] | None:
+        """Commands that solve the task from the current state; None where unknown."""
+        ...
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an environment declares beyond the protocol, read by `capabilities`:
+
+    - `step_oracle`: the class is a `StepOracle` (credit AUC in `gagpo run` and `gagpo view`);
+    - `replan`: instances are `Replanner`s (noisy expert demonstrations);
+    - `thread_safe`: False where the class says `thread_safe = False` (an engine with
+      process-global state, such as TextWorld's): slots step it one call at a time
+      (actors/slots.py). Everything else is taken to be safe to step beside other slots.
+
+    Every environment may return an expert plan (`expert_plan`, None where it has none);
+    that is part of the protocol, not a capability."""
+
+    step_oracle: bool = False
+    replan: bool = False
+    thread_safe: bool = True
+
+    def names(self) -> list[str]:
+        """The capabilities declared, as docs/environments.md spells them."""
+        flags = {"step oracle": self.step_oracle, "replan": self.replan}
+        return [name for name, on in flags.items() if on] + (
+            [] if self.thread_safe else ["one call at a time"]
+        )
+
+
+def capabilities(target: object) -> Capabilities:
+    """The capabilities an environment class (or an instance's class) declares."""
+    return _declared(target if isinstance(target, type) else type(target))
+
+
+@cache
+def _declared(cls: type) -> Capabilities:
+    return Capabilities(
+        step_oracle=isinstance(cls, StepOracle),
+        replan=callable(getattr(cls, "replan", None)),
+        thread_safe=bool(getattr(cls, "thread_safe", True)),
+    )

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import copy
 import random
+import subprocess
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
-from gagpo.envs import ENVIRONMENTS, make_env
-from gagpo.envs.base import INVALID_ACTION_PENALTY, Environment
+from gagpo.envs import ENVIRONMENTS, capabilities_of, make_env, step_oracle
+from gagpo.envs.base import INVALID_ACTION_PENALTY, Capabilities, Environment, capabilities
 from gagpo.envs.household import GOAL_KINDS, Household
 from gagpo.envs.parse import normalise_command
 from gagpo.envs.sokoban import MOVES, Sokoban, generate, parse_grid, render
 from gagpo.schemas.errors import GagpoError
 
+ROOT = Path(__file__).resolve().parents[1]
 SEEDS = range(120)
 
 
@@ -384,6 +388,62 @@ def test_registry_builds_each_environment() -> None:
         assert isinstance(env, cls) and isinstance(env, Environment)
         assert env.name == name and env.max_turns == 7
         assert "Reply with exactly one command." in env.instructions
+
+
+def test_built_ins_are_entry_points_imported_on_use() -> None:
+    """The built-in environments are this distribution's entry points of `gagpo.envs`, like
+    any plugin's; importing the registry imports none of their modules."""
+    from importlib.metadata import entry_points
+
+    ours = {
+        ep.name: ep.value
+        for ep in entry_points(group="gagpo.envs")
+        if ep.dist is not None and ep.dist.name == "gagpo"
+    }
+    assert sorted(ours) == list(ENVIRONMENTS)
+    assert ours["sokoban"] == "gagpo.envs.sokoban:Sokoban"
+    probe = (
+        "import sys, gagpo.envs; "
+        "print(sorted(m for m in sys.modules if m.split('.')[-1] in "
+        "('sokoban', 'household', 'webshop', 'textworld_env', 'alfworld_env')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _documented_capabilities() -> dict[str, list[str]]:
+    """The table "The built-in ones declare" of docs/environments.md."""
+    text = (ROOT / "docs" / "environments.md").read_text()
+    table = text.split("The built-in ones declare:", 1)[1].split("\n\n", 2)[1]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    return {
+        name.strip().strip("`"): [c.strip() for c in caps.split(",") if c.strip()]
+        for name, caps in rows
+    }
+
+
+def test_capabilities_are_declared_as_documented() -> None:
+    documented = _documented_capabilities()
+    assert sorted(documented) == list(ENVIRONMENTS)
+    for name in ENVIRONMENTS:
+        assert capabilities_of(name).names() == documented[name], name
+    assert step_oracle("sokoban") is Sokoban
+    assert step_oracle("household") is None and step_oracle("no-such-env") is None
+
+
+def test_capabilities_of_a_plain_class_and_a_locked_one() -> None:
+    class Plain:
+        pass
+
+    class Locked:
+        thread_safe = False
+
+        def replan(self) -> list[str] | None:
+            return None
+
+    assert capabilities(Plain) == Capabilities(step_oracle=False, replan=False, thread_safe=True)
+    assert capabilities(Locked()) == Capabilities(step_oracle=False, replan=True, thread_safe=False)
+    assert capabilities(Sokoban(max_turns=3)).names() == ["step oracle", "replan"]
 
 
 def test_unknown_environment_is_a_gagpo_error() -> None:
