@@ -1,6 +1,6 @@
 """verifiers v1 environments through the agent endpoint (issue 32): `--env verifiers:<taskset>`.
 
-A multi-turn environment and taskset written the verifiers way (tests/verifiers_fixture.py)
+A multi-turn environment and taskset written the verifiers way (tests/helpers/verifiers_fixture.py)
 play G rollouts a task into valid shards, every model call of an episode one step; each
 rollout's reward is what verifiers recorded on its trace, and equals verifiers' own
 scoring of that trace done again here. A failing episode loses its group alone; a taskset
@@ -33,7 +33,7 @@ ENV = "verifiers:verifiers_fixture"  # verifiers imports a taskset by a top-leve
 @pytest.fixture(scope="module")
 def fixture_on_path():
     with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(Path(__file__).parent))
+        mp.syspath_prepend(str(Path(__file__).parent / "helpers"))
         yield
 
 
@@ -123,7 +123,7 @@ def test_names_that_verifiers_cannot_load_are_one_line():
     ):
         check_env("verifiers:nowhere_taskset", {})
     with pytest.raises(GagpoError, match="a top-level package or module name"):
-        check_env("verifiers:tests.verifiers_fixture", {})
+        check_env("verifiers:tests.helpers.verifiers_fixture", {})
     with pytest.raises(GagpoError, match="taskset=3 is not valid"):
         check_env(ENV, {"taskset": 3})
     check_env(ENV, {"taskset": {"fail_on": 2}, "won_at": 0.5})

@@ -16,7 +16,7 @@ from gagpo.pipeline.view.app import create_app
 from gagpo.pipeline.view.data import StoreSession
 from gagpo.schemas.errors import GagpoError
 from gagpo.workflows import view as view_cli
-from tests.view_fixtures import cli_advantages, cli_csv, free_port, raw_get, serving, view_store
+from tests.helpers.view import cli_advantages, cli_csv, free_port, raw_get, serving, view_store
 
 __all__ = ["view_store"]  # the fixture, imported for pytest
 TOKEN = "t0k3n-for-the-tests-only"
@@ -459,7 +459,7 @@ def test_the_pools_page_equals_the_state_pools_view(view_store, tmp_path):
     import shutil
 
     from gagpo.pipeline.view import data
-    from tests.view_fixtures import GAGPO, run
+    from tests.helpers.view import GAGPO, run
 
     store = tmp_path / "store"
     shutil.copytree(view_store, store)

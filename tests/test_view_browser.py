@@ -19,7 +19,7 @@ from gagpo.pipeline.sql import query_store
 from gagpo.pipeline.view.app import create_app
 from gagpo.pipeline.view.data import StoreSession
 from gagpo.workflows.view import EnvironmentOracle
-from tests.view_fixtures import cli_advantages, cli_csv, serving, view_store
+from tests.helpers.view import cli_advantages, cli_csv, serving, view_store
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's (the Makefile installs it); Playwright's own is not used
 if not os.access(CHROMIUM, os.X_OK):

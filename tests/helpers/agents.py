@@ -1,5 +1,5 @@
 """Agents written only against the `openai` package (tests/test_agent_endpoint.py plays them
-with `--env agent:tests.agents_fixture:<name>`).
+with `--env agent:tests.helpers.agents:<name>`).
 
 `maze` is the docs' example in spirit: a multi-turn agent with one tool, `move`. The tiny
 policy writes words, not tool calls, so a reply without one is read as the direction

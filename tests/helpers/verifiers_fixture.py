@@ -1,5 +1,5 @@
 """A verifiers v1 environment written the verifiers way (tests/test_verifiers_env.py plays it
-with `--env verifiers:tests.verifiers_fixture`).
+with `--env verifiers:tests.helpers.verifiers_fixture`).
 
 A number game: the task's prompt asks for a digit; the environment's `run()` plays the
 user, answering each reply with "higher", "lower" or "right" for up to `TURNS` turns,
