@@ -34,7 +34,7 @@ from pathlib import Path
 from gagpo.schemas import layout
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("schemas", "actors", "pipeline", "learner", "workflows")
+FOLDERS = ("schemas", "envs", "actors", "pipeline", "learner", "workflows")
 OWNER = Path("schemas/layout.py")
 FILE_NAMES = {n for n in layout.NAMES if "." in n or n.isupper()}
 CONSTANTS = {k for k, v in vars(layout).items() if k.isupper() and v in layout.NAMES} | {
