@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.tree import LAYERS
+
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("schemas", "envs", "actors", "pipeline", "learner", "workflows")
 # The layers of ours each layer may import (itself always), and outside packages it may not.
 ALLOWED = {
     "schemas": set(),

@@ -32,9 +32,10 @@ import re
 from pathlib import Path
 
 from gagpo.schemas import layout
+from tests.helpers.tree import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("schemas", "envs", "actors", "pipeline", "learner", "workflows")
+FOLDERS = LAYERS
 OWNER = Path("schemas/layout.py")
 FILE_NAMES = {n for n in layout.NAMES if "." in n or n.isupper()}
 CONSTANTS = {k for k, v in vars(layout).items() if k.isupper() and v in layout.NAMES} | {

@@ -14,9 +14,9 @@ import pytest
 
 from gagpo.schemas.store import Store
 from tests.helpers.steps import make_steps
+from tests.helpers.tree import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("schemas", "actors", "pipeline", "learner", "workflows")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
