@@ -123,7 +123,7 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
     if stop_strings == ():  # replies that span lines (agents): the HF backend stops at EOS only
         policy.stop_at_newline = False
     # Version 0 lives in the store too: learners start from exactly these weights.
-    store.publish_base_policy(str(policy.model_dir))
+    store.policies.publish_base(str(policy.model_dir))
     continuous = hasattr(policy, "submit") and not config.expert
     in_flight = config.groups_in_flight or (CONTINUOUS_GROUPS_IN_FLIGHT if continuous else 1)
     summary.groups_in_flight = in_flight
@@ -258,7 +258,7 @@ class _Admission:
 def _switch_to_newest(store: Store, runner: Rollouts, config: ActorConfig) -> None:
     """Load the version LATEST names when it is newer, between turns: replies already in the
     engine are finished by the version that started them (their groups go on meanwhile)."""
-    latest = store.latest_version()
+    latest = store.policies.latest()
     if latest is None or latest == runner.policy.version:
         return
     runner.drain()
@@ -272,11 +272,11 @@ def _newest_policy(store: Store, policy, config: ActorConfig):
     (it keeps K versions): it then reads LATEST again rather than failing.
     """
     for _ in range(3):
-        latest = store.latest_version()
+        latest = store.policies.latest()
         if latest is None or latest == policy.version:
             return policy
         try:
-            local = store.fetch_policy(latest, str(policy_cache_dir()))
+            local = store.policies.fetch(latest, str(policy_cache_dir()))
             # vLLM: the running engine loads the new weights (or adapter) in place
             fresh = load_version(
                 policy, Path(local), latest, sampling=config.sampling, device=config.device
@@ -284,7 +284,7 @@ def _newest_policy(store: Store, policy, config: ActorConfig):
             fresh.stop_at_newline = getattr(policy, "stop_at_newline", True)
             return fresh
         except (FileNotFoundError, GagpoError):
-            if store.has_policy(latest):
+            if store.policies.has(latest):
                 raise  # the version is there: a real problem, not a race with pruning
     return policy
 

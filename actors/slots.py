@@ -35,6 +35,7 @@ from itertools import count
 from typing import Any, Literal
 
 from gagpo.envs.base import Environment, Reset, Transition, capabilities
+from gagpo.schemas.signals import sigint_ignored
 
 Executor = Literal["thread", "process", "inline"]
 
@@ -181,7 +182,7 @@ class _LocalBackend(_Backend):
 
 def _worker(conn, make_env) -> None:
     """A worker process: run each (id, slot, op, args) it receives, answer (id, ok, value).
-    It ignores SIGINT (started so, see `_ignoring_sigint`): a terminal's Ctrl-C reaches the
+    It ignores SIGINT (started so, see schemas/signals.py): a terminal's Ctrl-C reaches the
     whole process group, and the actor, not its workers, decides what stops and when."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs: dict[int, Environment] = {}
@@ -201,22 +202,6 @@ def _worker(conn, make_env) -> None:
             conn.send((call_id, False, f"{type(exc).__name__}: {exc}"))
 
 
-@contextlib.contextmanager
-def _ignoring_sigint():
-    """SIGINT ignored while a worker starts: a spawned interpreter keeps an ignored SIGINT
-    ignored, so a Ctrl-C during its start-up (imports, unpickling) cannot end it with a
-    traceback either. Signal dispositions belong to the main thread; elsewhere the worker
-    ignores SIGINT from its first line on."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 class EnvironmentFailed(RuntimeError):
     """An exception raised by an environment in a worker process (its message kept)."""
 
@@ -234,7 +219,7 @@ class _ProcessBackend(_Backend):
         for _ in range(workers):
             parent, child = context.Pipe()
             proc = context.Process(target=_worker, args=(child, make_env), daemon=True)
-            with _ignoring_sigint():
+            with sigint_ignored():  # workers ignore it for good (_worker)
                 proc.start()
             child.close()
             self._conns.append(parent)

@@ -86,7 +86,7 @@ class Throttle:
             if size is None:
                 size = self._groups_in(ref)
             groups += max(0, size - consumed.get(ref.shard_id, 0))
-        latest = self.store.latest_version() or 0
+        latest = self.store.policies.latest() or 0
 
         def setting(key: bytes, default: int) -> int:
             return int(meta[key]) if key in meta else default

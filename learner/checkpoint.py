@@ -177,7 +177,7 @@ def state_versions(store: Store) -> list[int]:
 
 def prune_states(store: Store, keep: int) -> None:
     """Keep the states of the newest `keep` versions up to LATEST (LATEST's always)."""
-    latest = store.latest_version() or 0
+    latest = store.policies.latest() or 0
     older = [v for v in state_versions(store) if v <= latest]
     for v in older[:-keep]:
         remove_folder(store, checkpoint_dir(store, v))
@@ -227,7 +227,7 @@ def start(
 def _start(
     store: Store, resume: bool, model, optimizer, scheduler, main: bool
 ) -> tuple[Head, Ledger]:
-    latest = store.latest_version() or 0
+    latest = store.policies.latest() or 0
     if not resume:  # checked by the main rank alone: it may already have announced itself
         if main and has_learner_state(store):
             raise GagpoError(
@@ -282,7 +282,7 @@ def _restore(store: Store, version: int, model, optimizer, scheduler) -> tuple[H
 
 
 def _published_weights(store: Store, version: int, cache: str) -> dict[str, torch.Tensor]:
-    folder = Path(store.fetch_policy(version, cache))
+    folder = Path(store.policies.fetch(version, cache))
     weights: dict[str, torch.Tensor] = {}
     for path in sorted(folder.glob("*.safetensors")):
         weights |= load_file(str(path))

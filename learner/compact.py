@@ -151,7 +151,7 @@ def published_update(store: Store) -> int:
 
     from gagpo.schemas import layout
 
-    latest = store.latest_version()
+    latest = store.policies.latest()
     if not latest:
         return 0
     try:  # learner/checkpoint.py's record, read without importing torch

@@ -13,10 +13,9 @@ import torch
 from torch import nn
 
 from gagpo.learner.batching import MicroBatch
-from gagpo.learner.preflight import check_policy_name
 from gagpo.schemas.cache import policy_cache_dir
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.policy import is_hub_id
+from gagpo.schemas.policy import PolicySpec
 from gagpo.schemas.store import Store
 
 WAIT_NOTE_S = 60.0  # the wait for the base policy says it still waits this often
@@ -31,33 +30,29 @@ def resolve_policy(
     materialised by the actors, which publish it as STORE/policy/v0 before their first
     rollout; the learner waits for that folder, so both sides start from the same weights
     and the learner never imports the actors. It waits `wait_s` seconds at most (None:
-    as long as it takes); an unknown preset name fails at once.
+    as long as it takes); an unknown preset name or a missing folder fails at once
+    (`PolicySpec.parse`).
     """
-    path = Path(spec).expanduser()
-    if path.is_dir():
+    policy = PolicySpec.parse(spec)
+    if policy.kind == "folder":
+        path = Path(policy.value)
         if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
             raise GagpoError(
                 f"policy folder {spec!r} is not a Hugging Face model folder; accepted: a folder with "
                 "config.json and safetensors weights, or a preset name (tiny, smollm2-135m)"
             )
         return path
-    if ("/" in spec or spec.startswith(".")) and not is_hub_id(spec):  # the actors resolve hub ids
-        raise GagpoError(
-            f"model path {spec!r} does not exist; accepted: a Hugging Face model folder or a "
-            "preset name (tiny, smollm2-135m)"
-        )
-    check_policy_name(spec)
-    waiting = f"base policy {spec!r} as {store.policy_dir(0)}"
-    if not store.has_policy(0) and echo is not None:
+    waiting = f"base policy {spec!r} as {store.policies.dir(0)}"
+    if not store.policies.has(0) and echo is not None:
         echo(f"waiting for the actors to publish {waiting}")
     start = time.monotonic()
     deadline = None if wait_s is None else start + wait_s
     said = start
-    while not store.has_policy(0):
+    while not store.policies.has(0):
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             raise GagpoError(
-                f"no base policy: {store.policy_dir(0)} did not appear within {wait_s:g}s; "
+                f"no base policy: {store.policies.dir(0)} did not appear within {wait_s:g}s; "
                 f"accepted: gagpo-actors --policy {spec} writing to this store (they publish "
                 "it), or --policy FOLDER with a Hugging Face model folder"
             )
@@ -69,7 +64,7 @@ def resolve_policy(
                 f"{bound}; gagpo-actors --policy {spec} on this store publishes it"
             )
         time.sleep(poll_s)
-    return Path(store.fetch_policy(0, str(policy_cache_dir())))
+    return Path(store.policies.fetch(0, str(policy_cache_dir())))
 
 
 def load_model(folder: Path, device: torch.device) -> nn.Module:

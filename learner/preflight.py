@@ -4,26 +4,15 @@ it wait for data or a base policy that will never come (issue 14, "no hangs").""
 from __future__ import annotations
 
 from gagpo.schemas import layout
-from gagpo.schemas.config import POLICY_PRESETS
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.policy import PolicySpec
 from gagpo.schemas.store import Store
 
 
-def check_policy_name(spec: str) -> None:
-    """A name without '/' that is no folder must be a preset the actors can build."""
-    from pathlib import Path
-
-    name_like = "/" not in spec and not spec.startswith((".", "~"))
-    if name_like and spec not in POLICY_PRESETS and not Path(spec).is_dir():
-        raise GagpoError(
-            f"policy {spec!r} is neither a preset nor a folder; accepted: "
-            f"{', '.join(POLICY_PRESETS)}, a Hugging Face model folder, or a hub id (org/name)"
-        )
-
-
 def check_start(cfg) -> None:
-    """The policy name, and something to resume (--resume) or replay (--replay)."""
-    check_policy_name(cfg.policy)
+    """The policy (a preset, a folder or a hub id), and something to resume (--resume) or
+    replay (--replay)."""
+    PolicySpec.parse(cfg.policy)
     if cfg.resume:
         store = Store(cfg.store)
         if not store.fs.exists(store.root) or not any(

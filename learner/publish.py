@@ -78,7 +78,7 @@ def copy_tokenizer_files(base_dir: Path, dest: Path) -> None:
 def prune_versions(store: Store, keep: int, every: int = 0) -> list[int]:
     """Delete all but the newest `keep` complete versions (never LATEST's, nor, with
     `every` > 0, the multiples of `every`: kept for evaluation later); return them."""
-    latest = store.latest_version()
+    latest = store.policies.latest()
     versions = version_folders(store)
     complete = complete_versions(store)
     # v0 is the base policy the actors published: learners (and --resume) start from it.
@@ -88,7 +88,7 @@ def prune_versions(store: Store, keep: int, every: int = 0) -> list[int]:
     # Incomplete folders newer than every kept version may be a publication in flight.
     doomed = [v for v in versions if v not in kept and v < newest_kept]
     for v in doomed:
-        remove_folder(store, store.policy_dir(v))
+        remove_folder(store, store.policies.dir(v))
     return doomed
 
 
@@ -115,7 +115,7 @@ def publish_version(
     state = full_model_state(model) if is_sharded(model) else None  # FSDP: no LoRA (config)
     if not main:
         return None
-    remote = store.policy_dir(version)
+    remote = store.policies.dir(version)
     with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
         folder = Path(tmp)
         copy_tokenizer_files(base_dir, folder)
@@ -129,7 +129,7 @@ def publish_version(
             (folder / LINEAGE).write_text(json.dumps(lineage))
         put_folder(store, folder, remote, phase="publish")
     check_lease(store)  # a learner that lost the store's lease never moves LATEST
-    store.set_latest(version)
+    store.policies.set_latest(version)
     prune_versions(store, keep, keep_every)
     return remote
 

@@ -221,7 +221,7 @@ def policy_table(store: Store) -> pa.Table:
     published, stored (complete folder) and is_latest, as schemas/versions.py defines them.
 
     Versions up to LATEST are published even when pruning removed their folders."""
-    latest = store.latest_version()
+    latest = store.policies.latest()
     stored = set(complete_versions(store))
     versions = set(version_folders(store)) | set(range(latest + 1 if latest is not None else 0))
     rows = [

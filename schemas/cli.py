@@ -13,6 +13,7 @@ import click
 
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.retry import describe, first_line, is_disk_full, is_transient
+from gagpo.schemas.signals import SIGINT_FROM_PARENT
 
 if TYPE_CHECKING:  # pydantic is imported by the commands that load a config model
     from pydantic import BaseModel
@@ -51,11 +52,6 @@ def ray_option(help: str):
         metavar="[ADDRESS]",
         help=help,
     )
-
-
-# Set by `gagpo run` for the processes it starts with SIGINT ignored (workflows/run.py): they
-# take SIGINT back once their command runs, so a Ctrl-C during their imports is no traceback.
-SIGINT_FROM_PARENT = "GAGPO_SIGINT_FROM_PARENT"
 
 
 def run_cli(command: click.Command, prog_name: str) -> None:

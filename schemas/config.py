@@ -16,10 +16,6 @@ from pydantic import ValidationError as PydanticValidationError
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import set_dotted
 
-# Base policies built by the actors and published as policy/v0 (actors/policies/presets.py);
-# here so the learner can name them without importing the actors.
-POLICY_PRESETS = ("tiny", "smollm2-135m")
-
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 # The share of its GPU's memory a process started by `gagpo run` may take (workflows/layout.py);

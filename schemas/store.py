@@ -1,6 +1,8 @@
 """The store's file layer: a root URL (local path or fsspec URL) that lists, reads and
 commits files, retries, and sweeps. What the files are called is schemas/layout.py's; the
-full layout is listed in docs/store.md ("Layout").
+full layout is listed in docs/store.md ("Layout"). The policy registry (versions, LATEST,
+publishing the base policy, fetching a version) sits beside it in schemas/registry.py,
+reached as `store.policies`.
 
 Commit is atomic: on a local file system a file is written under a hidden temporary
 name in its final folder, fsynced and renamed; on object stores it becomes visible with
@@ -29,7 +31,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
+from functools import cached_property
 
 import fsspec
 import pyarrow as pa
@@ -55,6 +57,7 @@ from gagpo.schemas.layout import (  # noqa: F401  (names some modules still impo
     QUARANTINE,
     SHARDS,
 )
+from gagpo.schemas.registry import PolicyRegistry
 from gagpo.schemas.retry import (
     StoreFullError,
     default_bound_s,
@@ -320,6 +323,12 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
 
+    @cached_property
+    def policies(self) -> PolicyRegistry:
+        """The policy registry beside this file layer: versions, LATEST, publish, fetch
+        (schemas/registry.py)."""
+        return PolicyRegistry(self)
+
     # --- names (schemas/layout.py) ----------------------------------------------------
     def path(self, *parts: str) -> str:
         """`parts` joined under the root. Modules name store files through schemas/layout.py
@@ -331,9 +340,6 @@ class Store:
 
     def advantages_path(self, tag: str, file_id: str) -> str:
         return layout.advantages(self.root, tag, file_id)
-
-    def policy_dir(self, version: int) -> str:
-        return layout.policy_dir(self.root, version)
 
     # --- writing --------------------------------------------------------------------
     def ensure_writable(self) -> None:
@@ -359,6 +365,20 @@ class Store:
                 f"store {self.url!r} cannot be written ({reason}); accepted: a writable "
                 "local folder or fsspec URL"
             ) from None
+
+    def make_readable(self, path: str) -> None:
+        """Folders uploaded to the store (policy versions, checkpoints) are read by
+        processes that may run as other users on a shared store: files 0644 and folders
+        0755, as any model folder, whatever the umask or the modes of the files they were
+        copied from. Object stores: nothing to do."""
+        if not self.is_local:
+            return
+        os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
+        for folder, dirs, files in os.walk(path):
+            for name in dirs:
+                os.chmod(os.path.join(folder, name), 0o755)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o644)
 
     def commit_bytes(self, path: str, data: bytes) -> None:
         """Make `data` visible at `path` atomically (see module docstring), retrying
@@ -533,100 +553,6 @@ class Store:
             out.append(json.loads(self.read_bytes(path)))
         return out
 
-    # --- policy versions ------------------------------------------------------------
-    def latest_version(self) -> int | None:
-        """The newest complete policy version, or None before the first publication."""
-        path = layout.latest(self.root)
-        try:
-            raw = self.read_bytes(path)
-        except FileNotFoundError:
-            return None
-        text = raw.decode(errors="replace").strip()
-        try:
-            return int(text)
-        except ValueError:
-            raise GagpoError(
-                f"{path} holds {text!r}; accepted: a version number such as 7"
-            ) from None
-
-    def set_latest(self, version: int) -> None:
-        """Point LATEST at `version`; call only once that version is complete."""
-        self.commit_bytes(layout.latest(self.root), f"{version}\n".encode())
-
-    def has_policy(self, version: int) -> bool:
-        """Whether policy `version` is completely written (its `.complete` marker exists)."""
-        return self.exists(layout.complete(self.policy_dir(version)))
-
-    def publish_base_policy(self, local_dir: str) -> str:
-        """Publish the base model folder as policy/v0, once; safe when actors race.
-
-        Locally a staging folder is renamed into place (the loser of a race discards its
-        copy). On object stores every writer PUTs the same bytes (presets are
-        deterministic), each PUT atomic, and commits the marker last; nothing is deleted.
-        """
-        remote = self.policy_dir(0)
-        if self.has_policy(0):
-            return remote
-        names = sorted(n for n in os.listdir(local_dir) if not n.startswith("."))
-        marker = json.dumps({"files": names, "source": str(local_dir)}).encode()
-        if not self.is_local:
-            for name in names:
-                dest = posixpath.join(remote, name)
-                upload = partial(self.fs.put_file, os.path.join(local_dir, name), dest)
-                self.retrying(f"uploading {dest}", upload)
-            self.commit_bytes(layout.complete(remote), marker)
-            return remote
-        policies = layout.policy_root(self.root)
-        staging = posixpath.join(policies, f"{_TEMP_PREFIX}v0-{uuid.uuid4().hex}")
-        os.makedirs(policies, exist_ok=True)
-        self.sweep_temporaries(policies)  # staging folders of killed actors
-        try:
-            shutil.copytree(local_dir, staging, ignore=shutil.ignore_patterns(".*"))
-            with open(layout.complete(staging), "wb") as handle:
-                handle.write(marker)
-            self.make_readable(staging)
-        except BaseException as exc:  # a full disk, a kill: no staging folder left behind
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, OSError) and is_disk_full(exc):
-                raise self.full_error(f"publishing the base policy as {remote}", exc) from None
-            raise
-        try:
-            os.rename(staging, remote)  # atomic; fails if another actor's v0 is already there
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-        return remote
-
-    def make_readable(self, path: str) -> None:
-        """Published folders are read by actors that may run as other users on a shared
-        store: files 0644 and folders 0755, as any model folder, whatever the umask or the
-        modes of the files they were copied from. Object stores: nothing to do."""
-        if not self.is_local:
-            return
-        os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
-        for folder, dirs, files in os.walk(path):
-            for name in dirs:
-                os.chmod(os.path.join(folder, name), 0o755)
-            for name in files:
-                os.chmod(os.path.join(folder, name), 0o644)
-
-    def fetch_policy(self, version: int, cache_dir: str) -> str:
-        """A local folder holding policy `version` (the folder itself for a local store)."""
-        remote = self.policy_dir(version)
-        if self.is_local:
-            return remote
-        local = os.path.join(cache_dir, _safe_name(self.url), f"v{version}")
-        if not os.path.exists(layout.complete(local)):
-            staging = f"{local}.{uuid.uuid4().hex}.partial"
-            self.retrying(
-                f"downloading {remote}",
-                lambda: self.fs.get(_escaped(remote.rstrip("/")) + "/", staging, recursive=True),
-            )
-            open(layout.complete(staging), "w").close()
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            with contextlib.suppress(OSError):  # another process finished first
-                os.replace(staging, local)
-        return local
-
 
 def _open_fs(url: str, storage_options: dict) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem of `url` with directory-listing caches off: actors and learners on
@@ -683,10 +609,6 @@ def _mtime(entry: dict) -> float:
 
 
 _first_line = first_line  # one summary of an exception everywhere (schemas/retry.py)
-
-
-def _safe_name(url: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in url)
 
 
 def _fsync_dir(path: str) -> None:

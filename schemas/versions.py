@@ -35,7 +35,7 @@ def version_folders(store: Store) -> list[int]:
 
 def complete_versions(store: Store) -> list[int]:
     """The versions whose folders are complete (loadable now), ascending."""
-    return [v for v in version_folders(store) if store.exists(layout.complete(store.policy_dir(v)))]
+    return [v for v in version_folders(store) if store.policies.has(v)]
 
 
 def is_published(version: int, latest: int | None, stored: bool) -> bool:

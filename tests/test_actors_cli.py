@@ -316,7 +316,7 @@ def test_actor_keeps_its_policy_when_latest_was_pruned(store_dir: Path):
     from gagpo.schemas.config import ActorConfig
 
     store = Store(str(store_dir))
-    store.set_latest(5)
+    store.policies.set_latest(5)
     held = SimpleNamespace(version=0)
     config = ActorConfig(store=str(store_dir), env="sokoban")
     assert _newest_policy(store, held, config) is held

@@ -1,6 +1,6 @@
 """Bring any agent (issue 32): `--env agent:MODULE:FUNCTION` and `--env agent+http`.
 
-Agents written only against the `openai` package (tests/agents_fixture.py) play through the
+Agents written only against the `openai` package (tests/helpers/agents.py) play through the
 actor's loopback endpoint into ordinary shards: G rollouts a task, valid shards, prompt ids
 exactly what the policy was conditioned on (every behaviour log-prob is that of a fresh
 forward pass of the version its step records), K groups in flight playing the groups of
@@ -31,7 +31,7 @@ from tests.helpers.versions import fresh_logprobs, perturbed_copy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 G = 4
-MAZE = "agent:tests.agents_fixture:maze"
+MAZE = "agent:tests.helpers.agents:maze"
 
 
 def agent_config(store: Path, env: str = MAZE, **overrides) -> ActorConfig:
@@ -84,8 +84,8 @@ def test_behaviour_logprobs_are_those_of_the_version_each_step_records(tmp_path:
     store_dir = tmp_path / "store"
     run_actor(agent_config(store_dir, groups=1))  # publishes v0
     store = Store(str(store_dir))
-    perturbed_copy(Path(store.policy_dir(0)), Path(store.policy_dir(1)))
-    store.set_latest(1)
+    perturbed_copy(Path(store.policies.dir(0)), Path(store.policies.dir(1)))
+    store.policies.set_latest(1)
     for ref in store.list_shards():
         ref_path = Path(ref.path)
         ref_path.unlink()
@@ -95,7 +95,7 @@ def test_behaviour_logprobs_are_those_of_the_version_each_step_records(tmp_path:
     for row in steps_of(store_dir).iter_rows(named=True):
         version = row[C.POLICY_VERSION]
         fresh = fresh_logprobs(
-            Path(store.policy_dir(version)), row[C.PROMPT_IDS], row[C.ACTION_IDS]
+            Path(store.policies.dir(version)), row[C.PROMPT_IDS], row[C.ACTION_IDS]
         )
         assert fresh == pytest.approx(row[C.BEHAVIOR_LOGPROBS], abs=2e-4)  # test_inflight's
         checked[version] += 1
@@ -185,7 +185,7 @@ def test_k_groups_in_flight_play_the_groups_of_one_at_a_time(tmp_path: Path):
 
 
 def test_named_state_keys_and_turn_rewards(tmp_path: Path):
-    run_actor(agent_config(tmp_path, env="agent:tests.agents_fixture:named_states", groups=1))
+    run_actor(agent_config(tmp_path, env="agent:tests.helpers.agents:named_states", groups=1))
     steps = steps_of(tmp_path)
     for _, rollout in steps.group_by(C.TRAJ_ID):
         rollout = rollout.sort(C.STEP)
@@ -208,7 +208,7 @@ def test_a_bad_agent_loses_its_group_alone_with_one_line(tmp_path: Path, agent: 
     warnings: list[str] = []
     config = agent_config(
         tmp_path,
-        env=f"agent:tests.agents_fixture:{agent}",
+        env=f"agent:tests.helpers.agents:{agent}",
         groups=4,
         groups_in_flight=2,
         env_options={"turn_timeout_s": 1},
@@ -218,7 +218,7 @@ def test_a_bad_agent_loses_its_group_alone_with_one_line(tmp_path: Path, agent: 
     assert len(warnings) == 1 and "\n" not in warnings[0]
     assert "task seed 13" in warnings[0] and says in warnings[0], warnings[0]
     tasks = set(steps_of(tmp_path)[C.TASK_ID])
-    assert f"agent:tests.agents_fixture:{agent}-13" not in tasks and len(tasks) == 3
+    assert f"agent:tests.helpers.agents:{agent}-13" not in tasks and len(tasks) == 3
 
 
 def test_the_turn_limit_truncates_and_refuses_the_next_call(tmp_path: Path):
@@ -458,7 +458,7 @@ def test_gagpo_run_trains_an_openai_agent(tmp_path: Path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     store = Store(str(store_dir))
-    assert store.latest_version() == 3 and store.quarantined() == []
+    assert store.policies.latest() == 3 and store.quarantined() == []
     versions = set()
     for ref in store.list_shards():
         store.read_shard(ref)  # validates

@@ -67,7 +67,7 @@ def test_a_fast_actor_never_makes_stale_groups_and_never_starves_the_learner(
     feed.announce(version)
 
     def actor() -> None:
-        p = store.latest_version() or 0
+        p = store.policies.latest() or 0
         while throttle.room(p) > 0:
             write(store, f"s{next(shards):05d}", version=p)
 
@@ -80,7 +80,7 @@ def test_a_fast_actor_never_makes_stale_groups_and_never_starves_the_learner(
         feed.commit(batch, update, version)
         actor()  # ledger committed, version not yet published
         version += 1
-        store.set_latest(version)
+        store.policies.set_latest(version)
     assert feed.stats.groups_stale == 0
     actor()
     backlog = throttle.backlog()

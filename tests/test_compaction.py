@@ -538,7 +538,7 @@ def prepared_store(root: Path) -> tuple[Store, pa.Table]:
     refs = fill(store, 6)
     ledger = ledger_of(store, refs[:4], [1, 1, 2, 2])
     write_tail(store, ledger)
-    store.set_latest(2)  # the learner published updates 1 and 2
+    store.policies.set_latest(2)  # the learner published updates 1 and 2
     write_fake_advantages(store, "fake", refs)
     compact(store, refs[:3], ledger)
     return store, ledger
@@ -766,7 +766,7 @@ def test_compact_store_moves_what_published_updates_consumed(store_dir: Path):
     refs = fill(store, 5)
     ledger = ledger_of(store, refs[:4], [1, 1, 2, 3])  # updates 1, 2 published; 3 not
     write_tail(store, ledger)
-    store.set_latest(2)  # no lineage record: LATEST's version is its update
+    store.policies.set_latest(2)  # no lineage record: LATEST's version is its update
     before = read_steps_table(store)
     lines: list[str] = []
     result = compact_store(str(store_dir), None, False, CompactionSettings(), echo=lines.append)
@@ -791,7 +791,7 @@ def test_compact_store_moves_nothing_when_only_v0_is_published(store_dir: Path):
     store = Store(str(store_dir))
     refs = fill(store, 2)
     write_tail(store, ledger_of(store, refs, 1))
-    store.set_latest(0)
+    store.policies.set_latest(0)
     compact_store(str(store_dir), None, False, CompactionSettings(), echo=lambda _: None)
     assert len(store.list_shards()) == 2
     compact_store(str(store_dir), None, True, CompactionSettings(), echo=lambda _: None)
@@ -839,7 +839,7 @@ def test_compact_all_on_s3(s3_endpoint, tmp_path):
     refs = fill(store, 5)
     ledger = ledger_of(store, refs[:2], 1)
     write_tail(store, ledger)
-    store.set_latest(1)  # the learner published update 1
+    store.policies.set_latest(1)  # the learner published update 1
     write_fake_advantages(store, "fake", refs)
     before = read_steps_table(store)
     lines: list[str] = []

@@ -140,7 +140,7 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(
     store_dir = tmp_path / "store"
     store = Store(str(store_dir))
     write_shards(store, UPDATES, groups=B)  # one shard consumed per update
-    store.publish_base_policy(str(tiny_model_dir()))  # v0, as actors publish it
+    store.policies.publish_base(str(tiny_model_dir()))  # v0, as actors publish it
 
     compaction = ["--set", "compaction.every_updates=1"]
     kill_at(store_dir, f"{phase}:2", tmp_path, *compaction)

@@ -39,7 +39,7 @@ def test_rollout_totals_and_versions_on_s3(s3_endpoint, tmp_path: Path, monkeypa
     for v in (0, 1, 2):
         store.commit_bytes(store.path("policy", f"v{v}", "config.json"), b"{}")
         store.commit_bytes(store.path("policy", f"v{v}", COMPLETE), b"{}")
-    store.set_latest(2)
+    store.policies.set_latest(2)
     assert evaluate.versions_to_evaluate(store, 2) == [0, 2]
     played = []
     monkeypatch.setenv("GAGPO_CACHE", str(tmp_path / "cache"))

@@ -101,12 +101,12 @@ def test_publication_on_a_full_disk_keeps_the_previous_version_latest(small_disk
     small = tmp_path / "v1"
     small.mkdir()
     (small / "config.json").write_text("{}")
-    put_folder(store, small, store.policy_dir(1), phase="publish")
-    store.set_latest(1)
+    put_folder(store, small, store.policies.dir(1), phase="publish")
+    store.policies.set_latest(1)
     with pytest.raises(StoreFullError) as info:
-        put_folder(store, local, store.policy_dir(2), phase="publish")
+        put_folder(store, local, store.policies.dir(2), phase="publish")
     assert "\n" not in str(info.value) and "is full while uploading" in str(info.value)
-    assert store.latest_version() == 1 and complete_versions(store) == [1]
+    assert store.policies.latest() == 1 and complete_versions(store) == [1]
     assert not (small_disk / "store" / "policy" / "v2").exists()  # the partial folder is gone
     assert hidden(small_disk) == []
 
@@ -161,13 +161,13 @@ def test_simulated_enospc_in_a_commit_is_one_line_without_temporaries(tmp_path, 
 
 def test_simulated_quota_is_reported_the_same_way(tmp_path, monkeypatch):
     store = Store(str(tmp_path / "store"))
-    store.set_latest(4)
+    store.policies.set_latest(4)
 
     def over_quota(*args, **kwargs):
         raise OSError(errno.EDQUOT, "Disk quota exceeded")
 
     monkeypatch.setattr(os, "replace", over_quota)
     with pytest.raises(StoreFullError, match="Disk quota exceeded"):
-        store.set_latest(5)
+        store.policies.set_latest(5)
     monkeypatch.undo()
-    assert store.latest_version() == 4 and hidden(tmp_path) == []
+    assert store.policies.latest() == 4 and hidden(tmp_path) == []

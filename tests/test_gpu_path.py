@@ -93,7 +93,7 @@ def test_bf16_learner_trains_and_publishes_float32_weights(tmp_path: Path):
     assert train(cfg).updates == 2
     metrics = read_metrics(store)
     assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["skipped_steps"] == 0).all()
-    before, after = parameters(tiny_model_dir()), parameters(store.policy_dir(2))
+    before, after = parameters(tiny_model_dir()), parameters(store.policies.dir(2))
     assert all(after[k].dtype == np.float32 for k in after)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
 
@@ -434,6 +434,6 @@ def test_vllm_group_logprobs_match_a_recomputation_and_hot_reload(tmp_path: Path
             p.add_(torch.randn_like(p) * 0.5)
     publish_version(store, model.cpu(), folder, 1, keep=3)
     engine = policy.engine
-    policy.load_version(Path(store.policy_dir(1)), 1)
+    policy.load_version(Path(store.policies.dir(1)), 1)
     assert policy.engine is engine and policy.version == 1  # same engine, new weights
     assert policy.generate([prompt] * 8, seed=5) != samples

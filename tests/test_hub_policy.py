@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from gagpo.actors.policies.presets import is_hub_id, resolve_model
+from gagpo.actors.policies.presets import resolve_model
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.policy import is_hub_id
 from tests.helpers.learner import tiny_model_dir
 
 

@@ -29,6 +29,7 @@ from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.store import Store
 from gagpo.schemas.validate import ValidationError, validate_steps
 from tests.helpers.envs import Staggered
+from tests.helpers.procs import group_members
 from tests.helpers.steps import steps_of
 from tests.helpers.versions import fresh_logprobs, perturbed_copy
 
@@ -109,9 +110,9 @@ def test_behaviour_logprobs_are_those_of_the_version_each_step_records(tmp_path:
     store_dir = tmp_path / "store"
     first = run_actor(actor_config(store_dir, groups=1))  # publishes v0
     store = Store(str(store_dir))
-    v0 = Path(store.policy_dir(0))
-    perturbed_copy(v0, Path(store.policy_dir(1)))
-    store.set_latest(1)
+    v0 = Path(store.policies.dir(0))
+    perturbed_copy(v0, Path(store.policies.dir(1)))
+    store.policies.set_latest(1)
     for ref in store.list_shards():  # keep only the run below
         os.remove(ref.path)
     summary = run_actor(
@@ -125,7 +126,7 @@ def test_behaviour_logprobs_are_those_of_the_version_each_step_records(tmp_path:
     for row in steps.iter_rows(named=True):
         version = row[C.POLICY_VERSION]
         fresh = fresh_logprobs(
-            Path(store.policy_dir(version)), row[C.PROMPT_IDS], row[C.ACTION_IDS]
+            Path(store.policies.dir(version)), row[C.PROMPT_IDS], row[C.ACTION_IDS]
         )
         # float32 on a CPU; batching changes float noise only
         assert fresh == pytest.approx(row[C.BEHAVIOR_LOGPROBS], abs=2e-4)
@@ -284,22 +285,6 @@ def test_sigint_with_groups_in_flight_leaves_no_torn_shard(tmp_path: Path):
     assert leftovers == []
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Pids of live processes in process group `pgid` (Linux /proc; zombies left out)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, …
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", ["process", "thread", "inline"])
 def test_ctrl_c_from_a_terminal_ends_the_actor_as_sigint_to_its_pid_does(tmp_path, executor):
@@ -345,7 +330,7 @@ def test_ctrl_c_from_a_terminal_ends_the_actor_as_sigint_to_its_pid_does(tmp_pat
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         if executor == "process":
-            assert len(_group_members(proc.pid)) >= 3  # the actor and its 2 workers
+            assert len(group_members(proc.pid)) >= 3  # the actor and its 2 workers
         os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
         _, err = proc.communicate(timeout=120)
     finally:
@@ -358,9 +343,9 @@ def test_ctrl_c_from_a_terminal_ends_the_actor_as_sigint_to_its_pid_does(tmp_pat
         store.read_shard(ref)  # raises if torn or incomplete
     assert store.quarantined() == []
     deadline = time.monotonic() + 10
-    while _group_members(proc.pid) and time.monotonic() < deadline:
+    while group_members(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _group_members(proc.pid) == []
+    assert group_members(proc.pid) == []
 
 
 class _Counting(Sokoban):

@@ -125,7 +125,7 @@ def test_objective_variants_train(tmp_path: Path, options):
     assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["masked_actions"] == 0).all()
     if cfg.mini_batches > 1:  # the second step sees π_θ ≠ π_prox
         assert (metrics["approx_kl"] > 0).all()
-    before, after = parameters(tiny_model_dir()), parameters(store.policy_dir(2))
+    before, after = parameters(tiny_model_dir()), parameters(store.policies.dir(2))
     assert before.keys() == after.keys()
     assert any(not np.array_equal(before[k], after[k]) for k in before)
 
@@ -155,7 +155,7 @@ def test_replay_trains_offline_from_another_store(tmp_path: Path):
     assert "2 update(s) done" in result.output and "6 group(s) trained" in result.output
     assert "stopped after 2 of 10 updates: every shard of" in result.output
     out = Store(str(tmp_path / "out"))
-    assert out.latest_version() == 2 and not out.list_shards()
+    assert out.policies.latest() == 2 and not out.list_shards()
     assert out.fs.glob(out.path("advantages", "gigpo-*", "*.parquet"))
 
 
@@ -195,4 +195,4 @@ def test_non_finite_and_huge_inputs_are_masked_or_bounded(tmp_path: Path):
     row = read_metrics(store).row(0, named=True)
     assert row["masked_actions"] == 0 and row["behavior_weight_max"] == pytest.approx(2.0)
     assert np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"]) and row["skipped_steps"] == 0
-    assert all(np.isfinite(v).all() for v in parameters(store.policy_dir(1)).values())
+    assert all(np.isfinite(v).all() for v in parameters(store.policies.dir(1)).values())

@@ -52,7 +52,7 @@ def test_torchrun_two_processes_match_one(tmp_path):
         torchrun, capture_output=True, text=True, timeout=300, cwd=ROOT, env=ENV
     )
     assert double.returncode == 0, double.stderr[-3000:]
-    a, b = parameters(stores["one"].policy_dir(3)), parameters(stores["two"].policy_dir(3))
+    a, b = parameters(stores["one"].policies.dir(3)), parameters(stores["two"].policies.dir(3))
     base = parameters(tiny_model_dir())
     assert any(not np.array_equal(a[k], base[k]) for k in a)
     for name in a:
@@ -140,7 +140,7 @@ def test_actors_and_learner_run_asynchronously(tmp_path):
             actors.wait(timeout=60)
         finally:
             actors.stderr.close()
-    assert store.latest_version() == 4
+    assert store.policies.latest() == 4
     shards = store.list_shards()  # ids are time-sortable: commit order
     per_shard = [
         store.read_table(r.path, [C.POLICY_VERSION])[C.POLICY_VERSION][0].as_py() for r in shards

@@ -70,8 +70,8 @@ def straight(tmp_path_factory):
 def test_updates_publish_versions_and_record_everything(straight):
     store, summary = straight
     assert summary.updates == 5 and summary.version == 5 and summary.groups == 10
-    assert store.latest_version() == 5 and version_folders(store) == [4, 5]
-    v5 = store.policy_dir(5)
+    assert store.policies.latest() == 5 and version_folders(store) == [4, 5]
+    v5 = store.policies.dir(5)
     assert store.fs.exists(f"{v5}/{COMPLETE}") and store.fs.exists(f"{v5}/tokenizer.json")
     before, after = parameters(tiny_model_dir()), parameters(v5)
     assert any(not np.array_equal(before[k], after[k]) for k in before)  # it learned something
@@ -103,7 +103,9 @@ def test_resume_continues_exactly(straight, tmp_path: Path):
     train(config(tmp_path / "store", updates=2))
     summary = train(config(tmp_path / "store", resume=True))
     assert summary.updates == 5 and summary.groups == 6
-    assert_same_parameters(parameters(store.policy_dir(5)), parameters(straight[0].policy_dir(5)))
+    assert_same_parameters(
+        parameters(store.policies.dir(5)), parameters(straight[0].policies.dir(5))
+    )
 
 
 def _kill_during(store_root: Path, phase: str, update: int, tmp_path: Path) -> list[str]:
@@ -153,9 +155,9 @@ def _kill_during(store_root: Path, phase: str, update: int, tmp_path: Path) -> l
 def test_sigkill_then_resume(straight, tmp_path: Path, phase, update):
     store = fresh_store(tmp_path, "store")
     args = _kill_during(tmp_path / "store", phase, update, tmp_path)
-    latest = store.latest_version()
+    latest = store.policies.latest()
     # LATEST never names an incomplete version.
-    assert latest == update - 1 and store.fs.exists(f"{store.policy_dir(latest)}/{COMPLETE}")
+    assert latest == update - 1 and store.fs.exists(f"{store.policies.dir(latest)}/{COMPLETE}")
     resumed = subprocess.run(
         learner_cmd(*args, "--resume"),
         cwd=ROOT,
@@ -166,8 +168,8 @@ def test_sigkill_then_resume(straight, tmp_path: Path, phase, update):
     )
     assert resumed.returncode == 0, resumed.stderr
     versions = version_folders(store)
-    assert versions == list(range(1, versions[-1] + 1)) and store.latest_version() == versions[-1]
-    assert all(store.fs.exists(f"{store.policy_dir(v)}/{COMPLETE}") for v in versions)
+    assert versions == list(range(1, versions[-1] + 1)) and store.policies.latest() == versions[-1]
+    assert all(store.fs.exists(f"{store.policies.dir(v)}/{COMPLETE}") for v in versions)
     # Every group trained exactly once in the final lineage, and the same model as a run
     # that was never interrupted.
     ledger = pl.from_arrow(Ledger.load(store).table())
@@ -175,7 +177,7 @@ def test_sigkill_then_resume(straight, tmp_path: Path, phase, update):
     assert ledger["update"].to_list() == sorted(ledger["update"].to_list())
     assert read_metrics(store)["groups"].sum() == 10
     assert_same_parameters(
-        parameters(store.policy_dir(versions[-1])), parameters(straight[0].policy_dir(5))
+        parameters(store.policies.dir(versions[-1])), parameters(straight[0].policies.dir(5))
     )
 
 

@@ -225,4 +225,4 @@ def test_learner_that_runs_out_of_data_says_why_and_exits_non_zero(tmp_path: Pat
         "gagpo-learner: stopped after 3 of 4 updates: no new committed groups for 0.3 s "
         "(idle-timeout); 0 shard(s) unread, 0 group(s) pending\n"
     )
-    assert "3 update(s) done" in short.stdout and store.latest_version() == 3
+    assert "3 update(s) done" in short.stdout and store.policies.latest() == 3

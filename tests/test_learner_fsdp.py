@@ -60,14 +60,14 @@ def test_fsdp_two_processes_match_one_across_resume(tmp_path):
     assert single.returncode == 0, single.stderr
     first = torchrun(tmp_path / "fsdp", *extra, "--parallel", "fsdp", "--updates", "2")
     assert first.returncode == 0, first.stderr[-8000:]
-    assert stores["fsdp"].latest_version() == 2
+    assert stores["fsdp"].policies.latest() == 2
     resumed = torchrun(tmp_path / "fsdp", *extra, "--parallel", "fsdp", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-8000:]
 
     base = parameters(tiny_model_dir())
     for version in (2, 3):
-        a = parameters(stores["one"].policy_dir(version))
-        b = parameters(stores["fsdp"].policy_dir(version))
+        a = parameters(stores["one"].policies.dir(version))
+        b = parameters(stores["fsdp"].policies.dir(version))
         assert a.keys() == b.keys()  # tied lm_head not written twice
         assert any(not np.array_equal(a[k], base[k]) for k in a)
         for name in a:

@@ -58,6 +58,7 @@ def test_learner_survives_an_outage_in_every_phase(emulator, tmp_path, monkeypat
     from gagpo.learner.feed import Feed
     from gagpo.learner.metrics import MetricsLog
     from gagpo.learner.train import train
+    from gagpo.schemas.registry import PolicyRegistry
 
     url = f"s3://outage/{tmp_path.name}"
     store = Store(url)
@@ -74,7 +75,7 @@ def test_learner_survives_an_outage_in_every_phase(emulator, tmp_path, monkeypat
     for cls, name, phase in [
         (MetricsLog, "_write_histograms", "histograms"),
         (Feed, "poll", "listing"),
-        (Store, "set_latest", "latest"),
+        (PolicyRegistry, "set_latest", "latest"),
     ]:
         original = getattr(cls, name)
 
@@ -109,7 +110,7 @@ def test_learner_survives_an_outage_in_every_phase(emulator, tmp_path, monkeypat
     assert "histograms.zarr" in retried and ".complete" in retried and "LATEST" in retried
     with outage.down:  # the endpoint is up
         store = Store(url)
-        assert store.latest_version() == 2 and check_lineage(store) == []
+        assert store.policies.latest() == 2 and check_lineage(store) == []
         assert len(Ledger.load(store).rows) == 4
         assert read_metrics(store)["update"].to_list() == [1, 2]
 
@@ -122,7 +123,7 @@ def test_a_bucket_that_vanished_is_one_line(emulator, tmp_path):
     s3 = boto3.client("s3", endpoint_url=emulator.endpoint)
     s3.create_bucket(Bucket="vanishing")
     store = Store(f"s3://vanishing/{tmp_path.name}")
-    store.set_latest(0)
+    store.policies.set_latest(0)
     for item in s3.list_objects_v2(Bucket="vanishing").get("Contents", []):
         s3.delete_object(Bucket="vanishing", Key=item["Key"])
     s3.delete_bucket(Bucket="vanishing")

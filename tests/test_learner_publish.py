@@ -26,7 +26,7 @@ def test_published_version_loads_with_transformers(store_dir: Path, model):
 
     store = Store(str(store_dir))
     folder = P.publish_version(store, model, tiny_model_dir(), 1, keep=3)
-    assert store.latest_version() == 1 and P.is_complete(store, folder)
+    assert store.policies.latest() == 1 and P.is_complete(store, folder)
     loaded = AutoModelForCausalLM.from_pretrained(
         folder, local_files_only=True, use_safetensors=True
     )
@@ -43,26 +43,27 @@ def test_latest_moves_only_after_the_marker(store_dir: Path, model, monkeypatch)
     def crash(phase):
         if phase == "publish":
             # Every file of v2 is in place, but not its marker: LATEST must still say 1.
-            assert store.latest_version() == 1
+            assert store.policies.latest() == 1
             raise RuntimeError("killed")
 
     monkeypatch.setattr(P, "fault_point", crash)
     with pytest.raises(RuntimeError):
         P.publish_version(store, model, tiny_model_dir(), 2, keep=3)
-    assert store.latest_version() == 1
-    assert store.fs.exists(store.policy_dir(2)) and not P.is_complete(store, store.policy_dir(2))
+    assert store.policies.latest() == 1
+    v2 = store.policies.dir(2)
+    assert store.fs.exists(v2) and not P.is_complete(store, v2)
     monkeypatch.setattr(P, "fault_point", lambda phase: None)
     P.publish_version(store, model, tiny_model_dir(), 2, keep=3)  # the torn attempt is replaced
-    assert store.latest_version() == 2 and P.is_complete(store, store.policy_dir(2))
+    assert store.policies.latest() == 2 and P.is_complete(store, store.policies.dir(2))
 
 
 def test_only_the_last_k_versions_are_kept(store_dir: Path, model):
     store = Store(str(store_dir))
     for v in range(1, 6):
         P.publish_version(store, model, tiny_model_dir(), v, keep=2)
-    assert version_folders(store) == [4, 5] and store.latest_version() == 5
+    assert version_folders(store) == [4, 5] and store.policies.latest() == 5
     # An unmarked folder newer than LATEST may be a publication in flight: left alone.
-    store.fs.makedirs(store.policy_dir(6))
+    store.fs.makedirs(store.policies.dir(6))
     assert P.prune_versions(store, keep=1) == [4]
     assert version_folders(store) == [5, 6]
 

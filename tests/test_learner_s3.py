@@ -30,16 +30,17 @@ def test_learner_on_s3_publishes_checkpoints_and_resumes(s3_endpoint, tmp_path):
     assert train(LearnerConfig(**cfg, updates=2)).updates == 2
     assert train(LearnerConfig(**cfg, updates=3, resume=True)).updates == 3
     store = Store(url, skip_instance_cache=True)
-    assert store.latest_version() == 3
-    assert store.fs.exists(f"{store.policy_dir(3)}/{COMPLETE}") and not store.fs.exists(
-        store.policy_dir(1)
+    assert store.policies.latest() == 3
+    assert store.fs.exists(f"{store.policies.dir(3)}/{COMPLETE}") and not store.fs.exists(
+        store.policies.dir(1)
     )
     assert len(Ledger.load(store).rows) == 6 and read_metrics(store)["update"].to_list() == [
         1,
         2,
         3,
     ]
-    local = store.fetch_policy(3, str(tmp_path / "cache"))  # what an actor on another machine does
+    # what an actor on another machine does
+    local = store.policies.fetch(3, str(tmp_path / "cache"))
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(local, local_files_only=True, use_safetensors=True)

@@ -116,7 +116,7 @@ def test_publication_checks_the_lease_before_latest(tmp_path, monkeypatch):
 
     store = Store(str(tmp_path / "s"))
     lease = acquire(store, ttl_s=TTL)
-    store.set_latest(3)
+    store.policies.set_latest(3)
     _foreign(store, lease.generation + 1)
     monkeypatch.setattr(publish, "put_folder", lambda *a, **k: None)
     monkeypatch.setattr(publish, "copy_tokenizer_files", lambda *a, **k: None)
@@ -128,7 +128,7 @@ def test_publication_checks_the_lease_before_latest(tmp_path, monkeypatch):
     monkeypatch.setattr("gagpo.learner.model.lora_modules", lambda model: [])
     with pytest.raises(LeaseLostError):
         publish.publish_version(store, Model(), tmp_path, 4, keep=10)
-    assert store.latest_version() == 3  # LATEST never moved
+    assert store.policies.latest() == 3  # LATEST never moved
 
 
 def test_renewals_lapsing_past_ttl_stop_publication(tmp_path):
@@ -207,4 +207,4 @@ def test_two_resumed_learners_never_train_the_same_groups(tmp_path):
     assert len(lines) == 1 and "leased by" in lines[0] and "Traceback" not in refused
     ledger = Ledger.load(store).table().to_pylist()
     assert len(ledger) == 5 and len({row["group_id"] for row in ledger}) == 5
-    assert store.latest_version() == 5
+    assert store.policies.latest() == 5

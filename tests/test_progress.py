@@ -13,7 +13,7 @@ from tests.helpers.steps import make_steps
 
 
 def test_run_relays_each_process_with_its_label():
-    from gagpo.workflows.run import _labelled
+    from gagpo.workflows.launch import _labelled
 
     lines: list[str] = []
     lock = threading.Lock()

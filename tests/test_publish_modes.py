@@ -45,8 +45,8 @@ def test_published_versions_and_the_base_policy_are_world_readable(tmp_path, str
         path.chmod(0o600)
     base.chmod(0o700)
     store = Store(str(tmp_path / "store"))
-    store.publish_base_policy(str(base))
-    assert _modes(Path(store.policy_dir(0))) == {("dir", 0o755), ("file", 0o644)}
+    store.policies.publish_base(str(base))
+    assert _modes(Path(store.policies.dir(0))) == {("dir", 0o755), ("file", 0o644)}
 
     model = load_model(base, torch.device("cpu"))
     folder = Path(P.publish_version(store, model, base, 1, keep=3))

@@ -28,7 +28,8 @@ from gagpo.learner.checkpoint import check_lineage
 from gagpo.learner.metrics import read_metrics
 from gagpo.schemas.store import Store
 from gagpo.workflows import ray_run
-from tests.helpers.ray_procs import QUICK, Run, alive, processes_naming, ray_scratch
+from tests.helpers.procs import alive, processes_naming
+from tests.helpers.ray_procs import QUICK, Run, ray_scratch
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +108,7 @@ def _bundle_nodes(ray, group: str) -> dict[int, str]:
 
 def _wait_for_version(run: Run, store: Store, version: int) -> None:
     deadline = time.monotonic() + 300
-    while (store.latest_version() or 0) < version:
+    while (store.policies.latest() or 0) < version:
         assert time.monotonic() < deadline and run.proc.poll() is None, run.tail()
         time.sleep(0.3)
 
@@ -115,7 +116,7 @@ def _wait_for_version(run: Run, store: Store, version: int) -> None:
 def _assert_one_lineage(store: Store, updates: int = UPDATES) -> None:
     """Every update made once, each version after the one before it (tests/helpers/lineage.py
     asserts the same of a learner resumed by hand)."""
-    assert store.latest_version() == updates
+    assert store.policies.latest() == updates
     assert check_lineage(store) == []
     metrics = read_metrics(store)
     assert metrics["update"].to_list() == list(range(1, updates + 1))

@@ -23,7 +23,8 @@ from gagpo.schemas.store import Store
 from gagpo.workflows import ray_run
 from gagpo.workflows.layout import SEED_STRIDE, Plan, Process
 from gagpo.workflows.ray_placement import RankPlace, check_cluster, place, rendezvous
-from tests.helpers.ray_procs import GAGPO, QUICK, Run, alive, processes_naming, ray_scratch
+from tests.helpers.procs import alive, processes_naming
+from tests.helpers.ray_procs import GAGPO, QUICK, Run, ray_scratch
 
 # --- the pure parts -------------------------------------------------------------------------
 
@@ -258,7 +259,7 @@ def _versions_used(store: Store) -> list[int]:
 def _assert_trained_as_without_ray(store_dir: Path, updates: int) -> Store:
     """What tests/test_recipes.py asserts of `gagpo run --recipe tiny` without Ray."""
     store = Store(str(store_dir))
-    assert store.latest_version() == updates
+    assert store.policies.latest() == updates
     assert list((store_dir / "advantages").glob("gagpo-*/*.parquet"))
     # At least two published versions were used by later shards.
     assert len(_versions_used(store)) >= 2, _versions_used(store)
@@ -407,7 +408,7 @@ def test_a_killed_actor_and_a_killed_learner_are_restarted(cluster, tmp_path):
     restart = run.wait_for(r"^\[actor 0\] \(ray\) started pid (\d+) .*restart 1: --run-id (\S+)")
     assert int(restart.group(1)) != first_actor
     learner_pid = int(run.wait_for(r"^\[learner\] \(ray\) started pid (\d+)").group(1))
-    while (store.latest_version() or 0) < 1:
+    while (store.policies.latest() or 0) < 1:
         assert time.monotonic() < deadline + 300 and run.proc.poll() is None, run.tail()
         time.sleep(0.2)
     os.kill(learner_pid, signal.SIGKILL)  # as a rank dying: its process exits non-zero
@@ -476,7 +477,7 @@ def test_a_learner_of_two_ranks_placed_by_ray(cluster, tmp_path):
     )
     assert re.search(r"^\[learner rank 1\] \(ray\) started pid \d+ .*\(rank 1/2, ", out, re.M)
     assert "(1 rank(s)" not in out and "(2 rank(s) on 1 node(s))" in out
-    a, b = parameters(stores["one"].policy_dir(3)), parameters(stores["two"].policy_dir(3))
+    a, b = parameters(stores["one"].policies.dir(3)), parameters(stores["two"].policies.dir(3))
     for name in a:
         np.testing.assert_allclose(a[name], b[name], atol=1e-5, rtol=0, err_msg=name)
     for name in ("gagpo-TWO-learner", "gagpo-TWO-learner-rank-1"):

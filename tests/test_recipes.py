@@ -76,7 +76,7 @@ def test_run_recipe_tiny_end_to_end(tmp_path: Path):
     store = Store(str(store_dir))
     assert store.list_shards()
     assert list((store_dir / "advantages").glob("gagpo-*/*.parquet"))
-    assert store.latest_version() == 3
+    assert store.policies.latest() == 3
     # At least two published versions were used by later shards (v0, the warm start, and
     # newer ones the actor picked up while the learner trained).
     assert len(_read_versions(store)) >= 2, _read_versions(store)
@@ -151,9 +151,9 @@ def test_sigint_stops_every_process_and_tears_nothing(tmp_path: Path):
             break
     assert len(pids) == 3, pids  # two actors and the learner
     store = Store(str(store_dir))
-    while (store.latest_version() or 0) < 1 and time.monotonic() < deadline:
+    while (store.policies.latest() or 0) < 1 and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert (store.latest_version() or 0) >= 1, "the run did not train in time"
+    assert (store.policies.latest() or 0) >= 1, "the run did not train in time"
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=180)[0]
     assert proc.returncode == 130, out[-2000:]
@@ -163,7 +163,7 @@ def test_sigint_stops_every_process_and_tears_nothing(tmp_path: Path):
     assert not [p for p in store_dir.rglob(".tmp-*")]
     for ref in store.list_shards():
         store.read_shard(ref)
-    assert store.has_policy(store.latest_version())
+    assert store.policies.has(store.policies.latest())
 
 
 def test_ctrl_c_while_the_processes_start_is_no_traceback(tmp_path: Path):
@@ -200,9 +200,10 @@ def test_run_prints_its_summary_when_the_learner_stops_early(tmp_path: Path, mon
     still prints what ran (per-version table, group use) and returns 3. Other failures print
     no summary."""
     from gagpo.workflows import run as run_module
+    from gagpo.workflows.launch import LocalLauncher
 
     for code, summarised in ((3, True), (1, False)):
-        monkeypatch.setattr(run_module, "_run_processes", lambda *a, code=code: code)
+        monkeypatch.setattr(LocalLauncher, "run", lambda self, plan, code=code: code)
         lines: list[str] = []
         store = str(tmp_path / f"s{code}")
         sets = ["run.eval_groups=0", "run.report=false"]

@@ -23,6 +23,7 @@ from gagpo.pipeline.config import parse_estimator_config
 from gagpo.pipeline.recompute import _arrow, advantages_metadata, encode_parquet
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
+from tests.helpers.procs import processes_naming
 from tests.helpers.steps import make_steps
 
 ACTORS = [sys.executable, "-m", "gagpo.actors.cli"]
@@ -234,20 +235,5 @@ def test_ray_equals_serial_on_a_real_store(real_store, tmp_path, monkeypatch):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same_store(serial, on_ray)
-    assert not _processes_under(ray_tmp), "a Ray process of the local instance is left"
+    assert not processes_naming(ray_tmp), "a Ray process of the local instance is left"
     shutil.rmtree(ray_tmp, ignore_errors=True)
-
-
-def _processes_under(folder: Path) -> list[int]:
-    """Pids whose command line names `folder` (Ray's processes name their session dir)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(folder).encode() in cmdline:
-            found.append(int(entry.name))
-    return found

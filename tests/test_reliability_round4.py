@@ -184,8 +184,8 @@ def test_an_oversized_run_on_ray_starts_nothing(tmp_path):
 def test_the_run_stops_when_every_actor_has_failed():
     """The learner would wait for data (or v0) forever: the run stops it and says why, with
     the actors' own line."""
+    from gagpo.workflows.launch import LocalLauncher
     from gagpo.workflows.layout import Plan, Process
-    from gagpo.workflows.run import _run_processes
 
     fail = [
         sys.executable,
@@ -197,7 +197,7 @@ def test_the_run_stops_when_every_actor_has_failed():
     lines: list[str] = []
     start = time.monotonic()
     with pytest.raises(GagpoError) as err:
-        _run_processes(plan, RunConfig(stop_timeout_s=10), lines.append)
+        LocalLauncher(RunConfig(stop_timeout_s=10), lines.append).run(plan)
     assert time.monotonic() - start < BOUND_S
     assert str(err.value) == (
         "every actor exited with an error, so the learner was stopped; actor 0, actor 1 "

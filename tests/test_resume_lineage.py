@@ -46,8 +46,8 @@ def straight(tmp_path_factory):
 def new_store(root: Path) -> Store:
     store = Store(str(root))
     write_shards(store, UPDATES, groups=B)
-    store.publish_base_policy(str(tiny_model_dir()))  # v0, as actors publish it
-    store.set_latest(0)
+    store.policies.publish_base(str(tiny_model_dir()))  # v0, as actors publish it
+    store.policies.set_latest(0)
     return store
 
 
@@ -56,14 +56,14 @@ def test_kill_mid_update_then_resume_continues_latest(straight, tmp_path):
     v8 from v7's own weights and state, so update u → version u throughout."""
     store = new_store(tmp_path / "store")
     kill_at(tmp_path / "store", "backward:8", tmp_path)
-    assert store.latest_version() == 7
-    v7 = json.loads(store.fs.cat_file(f"{store.policy_dir(7)}/{LINEAGE}"))
+    assert store.policies.latest() == 7
+    v7 = json.loads(store.fs.cat_file(f"{store.policies.dir(7)}/{LINEAGE}"))
     resume(tmp_path / "store")
     assert_one_lineage(store)
-    v8 = json.loads(store.fs.cat_file(f"{store.policy_dir(8)}/{LINEAGE}"))
+    v8 = json.loads(store.fs.cat_file(f"{store.policies.dir(8)}/{LINEAGE}"))
     assert (v8["parent"], v8["parent_id"], v8["update"]) == (7, v7["id"], 8)
     # Bit-for-bit the uninterrupted lineage (restored optimiser, scheduler, RNG, ledger).
-    a, b = parameters(store.policy_dir(UPDATES)), parameters(straight.policy_dir(UPDATES))
+    a, b = parameters(store.policies.dir(UPDATES)), parameters(straight.policies.dir(UPDATES))
     for name in a:
         np.testing.assert_allclose(a[name], b[name], atol=1e-6, rtol=0, err_msg=name)
 
@@ -76,11 +76,11 @@ def test_kill_around_publication_then_resume(straight, tmp_path, hold):
     store = new_store(tmp_path / "store")
     kill_at(tmp_path / "store", hold, tmp_path)
     update = int(hold.split(":")[1])
-    assert store.latest_version() == update - 1
+    assert store.policies.latest() == update - 1
     resume(tmp_path / "store")
     assert_one_lineage(store)
     assert not store.fs.exists(checkpoint_dir(store, 1))  # pruned: states of the newest 2 kept
-    a, b = parameters(store.policy_dir(UPDATES)), parameters(straight.policy_dir(UPDATES))
+    a, b = parameters(store.policies.dir(UPDATES)), parameters(straight.policies.dir(UPDATES))
     for name in a:
         np.testing.assert_allclose(a[name], b[name], atol=1e-6, rtol=0, err_msg=name)
 

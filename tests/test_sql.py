@@ -183,8 +183,8 @@ def test_published_means_latest_reached_it_or_the_stored_base(tmp_path):
     assert versions() == [(0, True, True, False, False), (1, False, True, False, False)]
     for version in (2, 3):
         store.commit_bytes(store.path("policy", f"v{version}", COMPLETE), b"{}")
-    store.set_latest(3)
-    store.fs.rm(store.policy_dir(1), recursive=True)  # pruned
+    store.policies.set_latest(3)
+    store.fs.rm(store.policies.dir(1), recursive=True)  # pruned
     assert versions() == [
         (0, True, True, False, False),
         (1, True, False, True, False),

@@ -143,9 +143,9 @@ def test_truncated_file_is_quarantined(store: Store):
 
 
 def test_latest_pointer(store: Store):
-    assert store.latest_version() is None
-    store.set_latest(3)
-    assert store.latest_version() == 3
+    assert store.policies.latest() is None
+    store.policies.set_latest(3)
+    assert store.policies.latest() == 3
 
 
 def test_unwritable_store_is_a_clear_error(tmp_path):
@@ -213,8 +213,8 @@ def test_stale_temporaries_are_removed_by_the_next_writer(tmp_path, monkeypatch)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    later.publish_base_policy(str(model))
-    assert not os.path.exists(staging) and later.has_policy(0)
+    later.policies.publish_base(str(model))
+    assert not os.path.exists(staging) and later.policies.has(0)
 
 
 def test_temporary_age_bound_must_be_positive(tmp_path, monkeypatch):

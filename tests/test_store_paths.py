@@ -61,7 +61,7 @@ def test_listings_see_the_store_and_not_its_sibling(stores):
     assert [r.shard_id for r in store.list_shards("r2")] == ["a2"]
     assert [r.path for r in sibling.list_shards()] == [sibling.shard_path("r1", "a1")]
     for version in (0, 3):
-        store.commit_bytes(f"{store.policy_dir(version)}/.complete", b"{}")
+        store.commit_bytes(f"{store.policies.dir(version)}/.complete", b"{}")
     assert version_folders(store) == [0, 3] and version_folders(sibling) == []
     assert read_steps_table(store).num_rows == 2 * make_steps().num_rows
 
@@ -83,12 +83,12 @@ def test_removal_moves_and_downloads_touch_only_the_store(stores, tmp_path):
     store, sibling = stores
     for s in (store, sibling):
         for name in ("a.txt", "b.txt"):
-            s.commit_bytes(f"{s.policy_dir(1)}/{name}", name.encode())
-    store.download(store.policy_dir(1), str(tmp_path / "got"))
+            s.commit_bytes(f"{s.policies.dir(1)}/{name}", name.encode())
+    store.download(store.policies.dir(1), str(tmp_path / "got"))
     assert sorted(os.listdir(tmp_path / "got")) == ["a.txt", "b.txt"]
-    store.remove(store.policy_dir(1), recursive=True)
-    assert not store.exists(f"{store.policy_dir(1)}/a.txt")
-    assert sibling.exists(f"{sibling.policy_dir(1)}/a.txt")
+    store.remove(store.policies.dir(1), recursive=True)
+    assert not store.exists(f"{store.policies.dir(1)}/a.txt")
+    assert sibling.exists(f"{sibling.policies.dir(1)}/a.txt")
 
     paths = [_shard(store, "q1"), _shard(store, "q2")]
     sibling_paths = [_shard(sibling, "q1"), _shard(sibling, "q2")]
@@ -127,11 +127,11 @@ def test_learner_reads_publishes_and_resumes(stores):
     )
     assert train(LearnerConfig(**cfg, updates=2)).updates == 2
     assert train(LearnerConfig(**cfg, updates=3, resume=True)).updates == 3
-    assert store.latest_version() == 3
+    assert store.policies.latest() == 3
     assert version_folders(store)[-1:] == [3] and state_versions(store) == [3]  # the rest pruned
     assert not {1, 2} & set(version_folders(store))
     assert len(Ledger.load(store).rows) == 6
-    assert sibling.latest_version() is None and len(sibling.list_shards()) == 1
+    assert sibling.policies.latest() is None and len(sibling.list_shards()) == 1
 
 
 def _gagpo(*args: str) -> subprocess.CompletedProcess:

@@ -65,8 +65,8 @@ def trained(tmp_path_factory) -> Store:
     store = Store(str(root))
     for i in range(SHARDS):
         store.write_shard(reversed_groups(f"s{i:03d}", i), group_size=GROUP_SIZE)
-    store.publish_base_policy(str(tiny_model_dir()))
-    store.set_latest(0)
+    store.policies.publish_base(str(tiny_model_dir()))
+    store.policies.set_latest(0)
     train(learner_config(str(root), updates=UPDATES, compaction={"every_updates": 4, "min_mib": 0}))
     files = step_files(store)  # the learner compacted: archive and inbox both hold groups
     assert files.segments and files.shards

@@ -246,7 +246,7 @@ def test_hot_reload_of_published_full_weights_into_the_same_engine(
     old = hf_model(model_dir)
     new = perturbed(model_dir, seed=1)
     publish_version(store, new, model_dir, 1, keep=3)  # the learner's own publication
-    folder = Path(store.policy_dir(1))
+    folder = Path(store.policies.dir(1))
     assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
     engine = base.engine
     before = base.generate([prompt] * GROUP, seed=3)
@@ -259,7 +259,7 @@ def test_hot_reload_of_published_full_weights_into_the_same_engine(
     # A second version on top of the first, then back to the base: each is served as is.
     newer = perturbed(model_dir, seed=2)
     publish_version(store, newer, model_dir, 2, keep=3)
-    base.load_version(Path(store.policy_dir(2)), 2)
+    base.load_version(Path(store.policies.dir(2)), 2)
     assert max_gap(newer, prompt, base.generate([prompt] * GROUP, seed=3)) < TOLERANCE
     base.load_version(model_dir, 0)
     assert max_gap(old, prompt, base.generate([prompt] * GROUP, seed=3)) < TOLERANCE
@@ -279,7 +279,7 @@ def publish_adapter(store: Store, model_dir: Path, version: int, seed: int) -> P
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
     publish_version(store, model, model_dir, version, keep=3, lora=lora)
-    return Path(store.policy_dir(version))
+    return Path(store.policies.dir(version))
 
 
 def test_hot_reload_of_a_published_lora_adapter(base, prompt, model_dir, tmp_path):
@@ -376,7 +376,7 @@ def test_a_version_loaded_between_turns_is_recorded_step_by_step(base, model_dir
     def switch(runner):
         if runner.policy.version == 0:
             runner.drain()
-            runner.policy.load_version(Path(store.policy_dir(1)), 1)
+            runner.policy.load_version(Path(store.policies.dir(1)), 1)
 
     from tests.helpers.envs import Staggered  # groups in flight that end apart
 

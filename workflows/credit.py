@@ -63,19 +63,25 @@ def oracle_of(env: str) -> type[StepOracle]:
     return oracle
 
 
+def steps_env(steps: pl.DataFrame) -> str:
+    """The one environment of `steps` (their `env` column), or a one-line error."""
+    envs = steps[C.ENV].unique().to_list() if C.ENV in steps.columns else []
+    if len(envs) != 1:
+        what = (
+            f"steps of several environments ({', '.join(map(str, envs))})"
+            if envs
+            else "steps without an environment (no env column)"
+        )
+        raise GagpoError(f"{what}; accepted: the steps of one environment")
+    return envs[0]
+
+
 def label(steps: pl.DataFrame, oracle: type[StepOracle] | None = None) -> pl.DataFrame:
     """traj_id, step, policy_version, `move` (the parsed reply, null if none) and `optimal`
     (bool) for the labelled steps, by `oracle` (default: that of the steps' environment).
     The parser and the oracle run once per distinct reply and per distinct state."""
-    if oracle is None:  # the steps' own environment; sokoban for rows without the column
-        envs = steps[C.ENV].unique().to_list() if C.ENV in steps.columns else ["sokoban"]
-        envs = envs or ["sokoban"]
-        if len(envs) != 1:
-            raise GagpoError(
-                f"steps of several environments ({', '.join(map(str, envs))}); "
-                "accepted: the steps of one environment"
-            )
-        oracle = oracle_of(envs[0])
+    if oracle is None:
+        oracle = oracle_of(steps_env(steps))
     replies = (
         steps.select(C.ACTION_TEXT)
         .unique()
@@ -176,15 +182,17 @@ def estimators(run_estimator: EstimatorConfig | None = None) -> list[tuple[str, 
     ]
 
 
-def read_steps(store, env: str = "sokoban", columns=STEP_COLUMNS) -> pl.DataFrame:
-    """The store's committed, valid steps (`columns`), all of them of `env` (the credit
-    comparison's: an environment whose step oracle labels the optimal moves)."""
+def read_steps(store, env: str | None = None, columns=STEP_COLUMNS) -> pl.DataFrame:
+    """The store's committed, valid steps (`columns`), all of them of `env` (default: of
+    one environment, whichever it is)."""
     from gagpo.schemas.archive import read_steps_table
 
     steps = pl.from_arrow(read_steps_table(store, list(columns)))  # archive and inbox
     if steps.height == 0:
         raise GagpoError(f"no committed shard in {store.url}; accepted: a store a run wrote")
-    if (steps[C.ENV] != env).any():
+    if env is None:
+        steps_env(steps)
+    elif (steps[C.ENV] != env).any():
         raise GagpoError(
             f"the store holds steps of other environments than {env}; accepted: "
             f"a store of --env {env} runs only"
@@ -192,19 +200,28 @@ def read_steps(store, env: str = "sokoban", columns=STEP_COLUMNS) -> pl.DataFram
     return steps
 
 
+def oracle_env(store_url: str) -> str | None:
+    """The environment of the store's steps when it declares a step oracle (the credit
+    comparison needs one), else None; a one-line error for a store without steps."""
+    from gagpo.schemas.store import Store
+
+    env = steps_env(read_steps(Store(store_url), columns=[C.ENV]))
+    return env if step_oracle(env) is not None else None
+
+
 def compare(
-    store_url: str, run_estimator: EstimatorConfig | None = None, env: str = "sokoban"
+    store_url: str, run_estimator: EstimatorConfig | None = None, env: str | None = None
 ) -> Comparison:
     """Recompute the store's steps under each estimator (committed under advantages/<tag>/)
-    and measure each one's credit against `env`'s step oracle."""
+    and measure each one's credit against the step oracle of `env` (default: the steps'
+    own environment)."""
     from gagpo.pipeline.recompute import recompute_store
     from gagpo.schemas.archive import step_files
     from gagpo.schemas.store import Store
 
-    oracle = oracle_of(env)
     store = Store(store_url)
     steps = read_steps(store, env)
-    labelled = label(steps, oracle)
+    labelled = label(steps, oracle_of(env or steps_env(steps)))
     rows, tables = [], {}
     for name, config in estimators(run_estimator):
         recompute_store(store_url, None, config)
@@ -322,10 +339,11 @@ def credit_figure(comparison: Comparison, traj_id: str, path: Path) -> Path:
 
 
 def credit_report(
-    store_url: str, run_estimator: EstimatorConfig | None, out_dir: Path, env: str = "sokoban"
+    store_url: str, run_estimator: EstimatorConfig | None, out_dir: Path, env: str | None = None
 ) -> tuple[Comparison, list[str]]:
-    """Compare, draw the figure into `out_dir`; the comparison and its printed lines (the
-    table, the SQL query to rerun, where the figure is)."""
+    """Compare (against the oracle of `env`, default the steps' own environment), draw the
+    figure into `out_dir`; the comparison and its printed lines (the table, the SQL query to
+    rerun, where the figure is)."""
     comparison = compare(store_url, run_estimator, env)
     lines = [
         table(comparison),

@@ -78,7 +78,7 @@ def evaluate_version(
 ) -> dict:
     """Success, valid replies and mean return of `version` on the held-out tasks (a version
     of an object store is fetched into the local policy cache first)."""
-    folder = store.fetch_policy(version, str(policy_cache_dir()))
+    folder = store.policies.fetch(version, str(policy_cache_dir()))
     played = play(actors.model_copy(update={"policy": folder, "groups": groups, "seed": seed}))
     return {"policy_version": version, **played, "task_seed": seed}
 

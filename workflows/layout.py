@@ -104,7 +104,7 @@ def plan_run(
             f"run.actors = {run.actors} but run.actor_gpus lists {len(run.actor_gpus)} GPUs; "
             "accepted: one actor_gpus entry per actor (or leave actors out)"
         )
-    _check_ids(run, gpus_visible)
+    check_gpu_ids(run, gpus_visible)
     actor_share = _actor_share(run, actors)
     learner_share = _check_fit(run, actor_share)
     if len(run.learner_gpus) > 1 and learner.device == "cpu":
@@ -185,7 +185,7 @@ def plan_run(
     return Plan(processes)
 
 
-def _check_ids(run, gpus_visible: int | None) -> None:
+def check_gpu_ids(run, gpus_visible: int | None) -> None:
     for name in ("actor_gpus", "learner_gpus"):
         ids = getattr(run, name)
         if any(i < 0 for i in ids):

@@ -1,28 +1,26 @@
-"""`gagpo run`: actors and learner together on one machine, from a TOML recipe.
+"""`gagpo run`: actors and learner together, from a TOML recipe.
 
-The processes talk only through the store, exactly as on separate machines: the
+It reads top to bottom: the recipe's tables, checked → the plan (workflows/layout.py) →
+the warm start → `launcher.run(plan)` → what follows the run. The launcher
+(workflows/launch.py) starts the processes here, or places them with Ray (--ray), and
+ends them all. They talk only through the store, exactly as on separate machines: the
 actors roll out with `--follow` and pick up each published version; when the learner
 has made its updates the actors are stopped (SIGTERM: each finishes its group and
 commits it) and a summary of the run is printed from the store's SQL views, followed by
-where its report (`gagpo report`) is. A recipe's [warmstart] table is built first (or
-taken from the cache, workflows/warmstart.py) and becomes the base policy of both sides.
-Ctrl-C (or SIGTERM) stops every process started here, by its pid, and nothing else.
+the held-out evaluation, where its report (`gagpo report`) is and, on an environment
+with a step oracle, the credit comparison. A recipe's [warmstart] table is built first
+(or taken from the cache, workflows/warmstart.py) and becomes the base policy of both
+sides. Ctrl-C (or SIGTERM) stops every process started here, by its pid, and nothing else.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import threading
-import time
 from importlib import resources
 from pathlib import Path
 
 from pydantic import Field
 
-from gagpo.schemas.cli import SIGINT_FROM_PARENT
 from gagpo.schemas.config import ActorConfig, Config, load_config, read_toml
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import merge, parse_sets, split_sections
@@ -31,7 +29,6 @@ from gagpo.workflows.recipes import shipped as shipped_recipes
 from gagpo.workflows.warmstart import WarmstartConfig, warmstart
 
 SUMMARY_ROWS = 15  # rows of the printed per-version table, at most
-WATCH_S = 1.0  # seconds between two checks of the actors while the learner runs
 
 
 class RunConfig(Config):
@@ -65,8 +62,9 @@ class RunConfig(Config):
     report: bool = True
     """Write `gagpo report` (plots and summary.md) into STORE/report/ when the run ends."""
     credit: bool = True
-    """On sokoban, compare the credit of GRPO, GiGPO and GAGPO on the run's own steps when it
-    ends (workflows/credit.py: recomputed, no training), with a figure beside the report."""
+    """On an environment with a step oracle (sokoban), compare the credit of GRPO, GiGPO and
+    GAGPO on the run's own steps when it ends (workflows/credit.py: recomputed, no
+    training), with a figure beside the report."""
     eval_groups: int = Field(0, ge=0, le=100_000)
     """Held-out evaluation when the run ends (workflows/evaluate.py): each evaluated version
     plays these same tasks (group_size rollouts each); 0: none."""
@@ -229,7 +227,11 @@ def run(
         learner_args += ["--set", f"keep_every={config.eval_every}"]
     warm_cfg = warmstart_config(path, actor_cfg) if warm else None
     from gagpo.schemas.store import Store, new_id
+    from gagpo.workflows.launch import launcher_for
     from gagpo.workflows.layout import plan_run
+
+    run_id = new_id()
+    launcher = launcher_for(ray, config, store, run_id, echo)
 
     def plan(policy_flags: list[str]):
         return plan_run(
@@ -241,29 +243,17 @@ def run(
             actor_args=policy_flags + actor_args,
             learner_args=policy_flags + learner_args,
             run_id=run_id,
-            gpus_visible=None if dry_run or ray else _gpus_visible(config),
         )
 
-    run_id = new_id()
-    ray_address = None if ray == "local" else ray  # None: a local instance started for the run
     if dry_run:
         warm_flags = []
         if warm_cfg is not None:  # where the warm start is (or would be) cached
             from gagpo.workflows.warmstart import POLICY_DIR, cache_key, warmstart_root
 
             warm_flags = ["--policy", str(warmstart_root() / cache_key(warm_cfg) / POLICY_DIR)]
-        if ray is None:
-            echo(plan(warm_flags).describe())
-        else:  # where Ray would put it (workflows/ray_run.py)
-            from gagpo.workflows.ray_run import describe_on_ray
-
-            describe_on_ray(plan(warm_flags), config, ray_address, echo)
+        echo(launcher.describe(plan(warm_flags)))
         return 0
-    plan([])  # an impossible layout fails before the warm start is built
-    if ray is not None:  # and one the Ray cluster cannot hold
-        from gagpo.workflows.ray_run import check_on_ray
-
-        check_on_ray(plan([]), config, ray_address)
+    launcher.check(plan([]))  # an impossible placement fails before the warm start is built
     Store(store).ensure_writable()
     # SIGTERM ends us like Ctrl-C. SIGINT is handled explicitly too: a shell starts background
     # jobs with SIGINT ignored, and the children would inherit that and ignore our SIGINT.
@@ -275,14 +265,7 @@ def run(
         policy_flags = []
         if warm_cfg is not None:
             policy_flags = ["--policy", str(warmstart(warm_cfg, echo=echo))]
-        if ray is None:
-            code = _run_processes(plan(policy_flags), config, echo)
-        else:  # the same plan, placed by Ray ('local': an instance started for this run)
-            from gagpo.workflows.ray_run import run_on_ray
-
-            code = run_on_ray(
-                plan(policy_flags), config, echo, store=store, run_id=run_id, address=ray_address
-            )
+        code = launcher.run(plan(policy_flags))
     except KeyboardInterrupt:
         echo("interrupted: every process started was stopped; committed shards are kept")
         return 130
@@ -295,123 +278,9 @@ def run(
         echo(summary(store))
         echo(after_run(store, config, actor_cfg, learner_cfg.estimator, echo))
         echo(f"browse it (pip install 'gagpo[view]'): gagpo view --store {store}")
-        if ray is not None:  # the restarts, as recorded in the store
-            from gagpo.workflows.ray_run import restarts_line
-
-            echo(restarts_line(store, run_id))
+        for line in launcher.after():
+            echo(line)
     return code
-
-
-def _gpus_visible(config: RunConfig) -> int | None:
-    """GPUs this machine has, when the recipe places processes on GPUs (else unchecked)."""
-    if not (config.actor_gpus or config.learner_gpus):
-        return None
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count()
-
-
-def _run_processes(plan, config: RunConfig, echo) -> int:
-    actor_procs: list[subprocess.Popen] = []
-    learner: subprocess.Popen | None = None
-    try:
-        for p in plan.actors:
-            actor_procs.append(_labelled(p.command, {**os.environ, **p.env}, p.label, echo))
-        pids = ", ".join(str(p.pid) for p in actor_procs)
-        echo(f"{len(actor_procs)} actor(s) started (pids {pids})")
-        p = plan.learner
-        learner = _labelled(p.command, {**os.environ, **p.env}, p.label, echo)
-        echo(f"learner started (pid {learner.pid})")
-        while True:
-            try:
-                return learner.wait(timeout=WATCH_S)
-            except subprocess.TimeoutExpired:
-                pass
-            # Without an actor the learner waits for data (or for v0) that never comes.
-            if actor_procs and all(proc.poll() for proc in actor_procs):
-                raise GagpoError(actors_failed(actor_procs, [a.label for a in plan.actors]))
-    finally:
-        # Interrupted or done: the learner finishes (SIGINT: it stops between updates,
-        # nothing torn), then the actors commit their groups and exit (SIGTERM).
-        if learner is not None:
-            _stop([learner], config.stop_timeout_s, signal.SIGINT)
-        _stop(actor_procs, config.stop_timeout_s, signal.SIGTERM)
-
-
-def actors_failed(procs: list[subprocess.Popen], labels: list[str]) -> str:
-    """One line for a run whose actors have all exited with an error: each distinct last
-    line they printed (their own one-line error), with the actors that printed it."""
-    said: dict[str, list[str]] = {}
-    for proc, label in zip(procs, labels, strict=True):
-        proc.relay.join(timeout=5)  # the last lines reach the console first
-        said.setdefault(
-            f"exited with {proc.returncode}: {proc.last_line or 'no output'}", []
-        ).append(label)
-    why = "; ".join(f"{', '.join(who)} {what}" for what, who in said.items())
-    return f"every actor exited with an error, so the learner was stopped; {why}"
-
-
-@contextlib.contextmanager
-def _sigint_ignored(on: bool):
-    """A terminal's Ctrl-C reaches every process of the group, children too, and one still
-    importing its modules would print a traceback: our own CLIs start with SIGINT ignored
-    (a disposition exec keeps) and take it back once running (schemas/cli.py run_cli,
-    SIGINT_FROM_PARENT); this process stops them in order (`_stop`)."""
-    if not on or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _labelled(cmd: list[str], env: dict, label: str, echo) -> subprocess.Popen:
-    """Start `cmd` with its output relayed line by line, each line prefixed `[label]`, so
-    the actors and the learner read together on one console. The process keeps its relay
-    thread (`relay`) and the last line it printed (`last_line`)."""
-    ours = cmd[1:2] == ["-m"] and cmd[2].startswith("gagpo.")  # not torchrun: its own rules
-    with _sigint_ignored(ours):
-        proc = subprocess.Popen(
-            cmd,
-            env={**env, "PYTHONUNBUFFERED": "1", **({SIGINT_FROM_PARENT: "1"} if ours else {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            errors="replace",
-        )
-    proc.last_line = ""
-
-    def relay() -> None:
-        for line in proc.stdout:
-            if line.strip():
-                proc.last_line = line.strip()
-            echo(f"[{label}] {line.rstrip()}")
-
-    proc.relay = threading.Thread(target=relay, name=f"relay-{label}", daemon=True)
-    proc.relay.start()
-    return proc
-
-
-def _stop(procs: list[subprocess.Popen], timeout: float, sig: int) -> None:
-    """Send `sig` to each process we started that still runs; kill stragglers after `timeout`."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        while True:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                break
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            except KeyboardInterrupt:  # a second Ctrl-C: stop waiting politely
-                proc.kill()
 
 
 def _group_use(con, store) -> str:
@@ -482,8 +351,9 @@ def _summary(con, opened, store: str) -> str:
 
 def after_run(store: str, config: RunConfig, actor_cfg: ActorConfig, estimator, echo) -> str:
     """What follows the run summary: the held-out evaluation, the report, the credit
-    comparison (sokoban), then the closing lines: held-out v0 → last with its interval, the
-    credit table, where the report and the credit figure are."""
+    comparison (when the run's steps are of an environment with a step oracle), then the
+    closing lines: held-out v0 → last with its interval, the credit table, where the report
+    and the credit figure are."""
     heldout, credit, written = [], [], []
     if config.eval_groups:
         from gagpo.workflows.evaluate import change, evaluate_run, table
@@ -501,18 +371,26 @@ def after_run(store: str, config: RunConfig, actor_cfg: ActorConfig, estimator, 
             heldout = [change(rows)]
     if config.report:
         written = [report(store)]
-    from gagpo.envs import step_oracle
-
-    if config.credit and step_oracle(actor_cfg.env) is not None:  # the env declares an oracle
-        from gagpo.workflows.credit import credit_report
-
-        echo("credit comparison: recomputing the run's steps under GRPO, GiGPO and GAGPO …")
-        try:
-            _, credit = credit_report(store, estimator, report_dir(store), actor_cfg.env)
+    if config.credit:
+        credit = credit_lines(store, estimator, echo)
+        if credit and credit[-1].startswith("credit figure:"):
             written.append(credit.pop())  # where the figure is, beside the report's
-        except GagpoError as exc:  # e.g. no shard committed: say so, the run itself is done
-            credit = [f"credit comparison: skipped ({exc})"]
     return "\n".join(["", "─── the run in brief ───", *heldout, *credit, *written])
+
+
+def credit_lines(store: str, estimator, echo) -> list[str]:
+    """The credit comparison of the run's own steps, when their environment declares a step
+    oracle (envs/base.py StepOracle); none otherwise."""
+    from gagpo.workflows.credit import credit_report, oracle_env
+
+    try:
+        env = oracle_env(store)
+        if env is None:
+            return []
+        echo("credit comparison: recomputing the run's steps under GRPO, GiGPO and GAGPO …")
+        return credit_report(store, estimator, report_dir(store), env)[1]
+    except GagpoError as exc:  # e.g. no shard committed: say so, the run itself is done
+        return [f"credit comparison: skipped ({exc})"]
 
 
 def report_dir(store: str) -> Path:

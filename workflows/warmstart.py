@@ -41,7 +41,8 @@ from pydantic import Field
 
 from gagpo.schemas import layout
 from gagpo.schemas.cache import cache_root
-from gagpo.schemas.config import POLICY_PRESETS, Config
+from gagpo.schemas.config import Config
+from gagpo.schemas.policy import PolicySpec
 
 WARMSTART_FORMAT = 1  # bump when what a warm start produces changes, so old caches are not reused
 POLICY_DIR, INFO_FILE, MANIFEST = "policy", "warmstart.json", "MANIFEST"
@@ -98,7 +99,7 @@ def policy_identity(policy: str) -> str:
     from gagpo.actors.policies.presets import resolve_model
 
     folder = resolve_model(policy)
-    if policy in POLICY_PRESETS:
+    if PolicySpec.parse(policy).kind == "preset":
         return f"preset:{folder.name}"
     files = [*sorted(folder.glob("*.safetensors")), folder / "config.json"]
     stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
@@ -193,7 +194,7 @@ def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
     echo(f"warm start: {demos.steps} demonstration steps, expert success {demos.success_rate:.1%}")
     summary, nll = supervised(cfg, store, echo=echo)
     echo(f"warm start: NLL per action token {nll[0]:.3f} → {nll[-1]:.3f} in {len(nll)} updates")
-    src = Path(Store(store).policy_dir(summary.version))
+    src = Path(Store(store).policies.dir(summary.version))
     shutil.copytree(src, folder / POLICY_DIR, ignore=shutil.ignore_patterns(".*"))
     shutil.rmtree(layout.checkpoints_dir(store), ignore_errors=True)
     info = {

@@ -9,22 +9,14 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
-from gagpo.schemas.config import POLICY_PRESETS
 from gagpo.schemas.errors import GagpoError
-
-
-def missing_path_error(spec: str) -> GagpoError:
-    presets = POLICY_PRESETS
-    return GagpoError(
-        f"model path '{spec}' does not exist; accepted: {', '.join(presets[:-1])}, {presets[-1]}, "
-        "a folder holding a Hugging Face model, or a hub id (org/name) in the local cache"
-    )
+from gagpo.schemas.policy import missing_model_error
 
 
 def check_model_dir(model_dir: Path) -> None:
     """A loadable folder has a config, safetensors weights and a tokenizer; never pickles."""
     if not model_dir.is_dir():
-        raise missing_path_error(str(model_dir))
+        raise missing_model_error(str(model_dir))
     if not (model_dir / "config.json").is_file():
         raise GagpoError(
             f"model folder '{model_dir}' has no config.json; accepted: a Hugging Face model folder"

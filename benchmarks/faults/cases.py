@@ -134,7 +134,7 @@ def race(work: Path, trials: int = 3, updates: int = 4) -> dict:
         rows = Ledger.load(s).table().to_pylist()
         out["groups_trained_twice"] += len(rows) - len({r["group_id"] for r in rows})
         out["lineage_problems"] += len(check_lineage(s))
-        out["latest_ok"] += s.latest_version() == updates
+        out["latest_ok"] += s.policies.latest() == updates
     return out
 
 
@@ -196,7 +196,7 @@ def outage(
         "bound_s": bound_s,
         "learner_exit": done.returncode,
         "updates": updates,
-        "latest": store.latest_version(),
+        "latest": store.policies.latest(),
         "lineage_problems": len(check_lineage(store)),
         "retry_lines": len(retried),
         "retries_by_path": kinds,
@@ -260,7 +260,7 @@ def full_disk(work: Path) -> dict:
         done = _run(*_learner_args(store, 20)[1:])
         lines = _error_lines(done.stderr)
         s = Store(store)
-        latest, complete = s.latest_version(), complete_versions(s)
+        latest, complete = s.policies.latest(), complete_versions(s)
         out["learner"] = {
             "exit": done.returncode,
             "one_line": len(lines) == 1 and "Traceback" not in done.stderr,

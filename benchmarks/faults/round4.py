@@ -137,7 +137,7 @@ def node_loss(work: Path, trials: int = 1, updates: int = 4) -> dict:
                 store_dir = work / f"node-loss-{which}-{trial}"
                 run, name = _start_on(cluster, store_dir, updates)
                 store = Store(str(store_dir))
-                while (store.latest_version() or 0) < 1 and run.proc.poll() is None:
+                while (store.policies.latest() or 0) < 1 and run.proc.poll() is None:
                     time.sleep(0.3)
                 (learner_node,) = _group_nodes(ray, f"{name}-learner").values()
                 actors = _group_nodes(ray, f"{name}-actors")
@@ -149,7 +149,7 @@ def node_loss(work: Path, trials: int = 1, updates: int = 4) -> dict:
                 text = run.text()
                 figures["trials"] += 1
                 figures["exit_0"] += code == 0
-                figures["all_updates"] += store.latest_version() == updates
+                figures["all_updates"] += store.policies.latest() == updates
                 metrics = read_metrics(store)
                 figures["one_lineage"] += check_lineage(store) == [] and metrics[
                     "update"

@@ -208,10 +208,10 @@ class Run:
         while not self.done.is_set():
             try:
                 self.store.fs.invalidate_cache()
-                version = self.store.latest_version()
+                version = self.store.policies.latest()
                 if version is not None:
                     self.figures.latest_polls += 1
-                    if not self.store.has_policy(version):
+                    if not self.store.policies.has(version):
                         self.figures.latest_incomplete += 1
             except Exception as exc:  # a read racing a rename is fine; a torn one is not
                 print(f"  LATEST poll: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -242,7 +242,7 @@ class Run:
     def kill_learner(self) -> None:
         plan = self.plan
         for k in range(plan.learner_kills):
-            latest = self.store.latest_version() or 0
+            latest = self.store.policies.latest() or 0
             resume = ("--resume",) if k else ()
             if k % 2 == 0:  # held at a phase of one of the next two updates
                 phase = self.rng.choice(LEARNER_PHASES)
@@ -256,7 +256,7 @@ class Run:
             else:  # at a random instant after this run's first publication
                 proc = self.learner(plan.updates, *resume)
                 deadline = time.monotonic() + 600
-                while (self.store.latest_version() or 0) <= latest and proc.poll() is None:
+                while (self.store.policies.latest() or 0) <= latest and proc.poll() is None:
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.1)
@@ -333,7 +333,7 @@ class Run:
         versions = version_folders(store)
         f.versions = len(versions)
         f.lineage_problems = check_lineage(store)
-        if versions != list(range(store.latest_version() + 1)):
+        if versions != list(range(store.policies.latest() + 1)):
             f.lineage_problems.append(f"versions not contiguous from v0: {versions[:5]}…")
         f.stale_temp_files = self._stale_temporaries()
 

@@ -81,7 +81,7 @@ def run_shape(cfg_json: str, shape: str, out: str, eval_groups: int) -> dict:
     shape_cfg = cfg.model_copy(update={"policy": str(folder / "init")})
     summary, nll = supervised(shape_cfg, str(folder / "store"), replay=str(Path(out) / "demos"))
     t_sft = time.time() - t0
-    policy = Store(str(folder / "store")).policy_dir(summary.version)
+    policy = Store(str(folder / "store")).policies.dir(summary.version)
     result = evaluate(policy, shape_cfg, groups=eval_groups, store=str(folder / "eval"))
     return {
         "shape": shape,

@@ -130,7 +130,8 @@ def measure(store: str | Path, env: str = "") -> dict:
         from credit import auc, label  # benchmarks/learning/credit.py
 
         moves = run_query(
-            con, "select traj_id, step, policy_version, group_id, state_key, action_text from steps"
+            con,
+            "select env, traj_id, step, policy_version, group_id, state_key, action_text from steps",
         )
         own = run_query(con, "select traj_id, step, advantage from advantages")
         labelled = label(pl.from_arrow(moves)).join(pl.from_arrow(own), on=["traj_id", "step"])

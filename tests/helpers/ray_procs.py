@@ -25,27 +25,6 @@ def ray_scratch(tag: str) -> Path:
     return path
 
 
-def processes_naming(folder: Path) -> set[int]:
-    """Pids whose command line names `folder`: Ray's processes name their session folder."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(folder).encode() in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie has ended; only its parent's wait is missing
-
-
 NATIVE_FRAME = re.compile(r"\(\+0x[0-9a-f]+\) \[0x[0-9a-f]+\]")
 
 

@@ -158,7 +158,7 @@ def build_known_store(store: Store) -> Store:
     for version in (1, 2):
         store.commit_bytes(store.path("policy", f"v{version}", "config.json"), b"{}")
     store.commit_bytes(store.path("policy", "v1", COMPLETE), b"{}")
-    store.set_latest(1)
+    store.policies.set_latest(1)
     return store
 
 
