@@ -347,10 +347,9 @@ def check_lineage(store: Store) -> list[str]:
     """Problems with the chain of kept versions: each version's record names the version
     before it as parent (by number and by id) and the update after its parent's. Empty:
     one sound lineage."""
-    from gagpo.schemas.versions import complete_versions
 
     problems = []
-    versions = complete_versions(store)
+    versions = store.policies.stored()
     records = {v: read_lineage(store, v) for v in versions}
     for v in versions:
         record, parent = records[v], records.get(v - 1)

@@ -31,7 +31,6 @@ from gagpo.schemas import layout
 from gagpo.schemas.layout import LINEAGE
 from gagpo.schemas.retry import StoreFullError
 from gagpo.schemas.store import Store
-from gagpo.schemas.versions import complete_versions, version_folders
 
 # Files of a model folder that describe weights; everything else (tokenizer, chat
 # template, ...) is copied from the base folder into every version.
@@ -79,8 +78,8 @@ def prune_versions(store: Store, keep: int, every: int = 0) -> list[int]:
     """Delete all but the newest `keep` complete versions (never LATEST's, nor, with
     `every` > 0, the multiples of `every`: kept for evaluation later); return them."""
     latest = store.policies.latest()
-    versions = version_folders(store)
-    complete = complete_versions(store)
+    versions = store.policies.folders()
+    complete = store.policies.stored()
     # v0 is the base policy the actors published: learners (and --resume) start from it.
     kept = set(complete[-keep:]) | ({latest} if latest is not None else set()) | {0}
     kept |= {v for v in complete if every and v % every == 0}

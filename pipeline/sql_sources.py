@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.archive import StepFiles, step_files
+from gagpo.schemas.registry import is_published
 from gagpo.schemas.retry import first_line
 from gagpo.schemas.store import Store
-from gagpo.schemas.versions import complete_versions, is_published, version_folders
 
 ESTIMATOR = "estimator"
 
@@ -218,12 +218,12 @@ def estimators_table(store: Store, files: StepFiles | None = None) -> pa.Table:
 
 def policy_table(store: Store) -> pa.Table:
     """One row per version that has a folder under policy/ or that LATEST has reached:
-    published, stored (complete folder) and is_latest, as schemas/versions.py defines them.
+    published, stored (complete folder) and is_latest, as schemas/registry.py defines them.
 
     Versions up to LATEST are published even when pruning removed their folders."""
     latest = store.policies.latest()
-    stored = set(complete_versions(store))
-    versions = set(version_folders(store)) | set(range(latest + 1 if latest is not None else 0))
+    stored = set(store.policies.stored())
+    versions = set(store.policies.folders()) | set(range(latest + 1 if latest is not None else 0))
     rows = [
         {
             "version": v,

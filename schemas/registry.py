@@ -5,6 +5,20 @@
 A version folder is loadable once its `.complete` marker exists, and LATEST only ever
 names such a folder: the learner writes a version, marks it, then moves LATEST (learner/
 publish.py); the actors publish the base policy as v0 without moving LATEST.
+
+One meaning of each word, used by the learner (publication, pruning, lineage checks),
+held-out evaluation and the `policy_versions` SQL view (docs/design.md §3):
+
+- a version *folder* is `policy/v<N>/`, complete or not (a crashed or in-flight
+  publication has no `.complete` marker yet);
+- a version is *stored* when its folder is complete: it can be loaded now;
+- a version is *published* once `policy/LATEST` has reached it. The learner publishes
+  versions in order, one per update, each complete before LATEST moves to it, and LATEST
+  never moves back; so every version up to LATEST was published, including those whose
+  folders pruning has since removed (published and not stored: *pruned*). v0, the base
+  policy, is published by the actors, who commit its folder without moving LATEST: it is
+  published once stored. A complete folder beyond LATEST (a publication killed between
+  its marker and LATEST) is stored but not published.
 """
 
 from __future__ import annotations
@@ -101,6 +115,21 @@ class PolicyRegistry:
             shutil.rmtree(staging, ignore_errors=True)
         return remote
 
+    def folders(self) -> list[int]:
+        """Every version folder under policy/, complete or not, ascending."""
+        store, versions = self.store, []
+        for path in store.glob(layout.policy_dir(store.root, "*")):
+            version = layout.parse_policy_dir(path)
+            if version is None:
+                continue
+            if store.retrying(f"checking {path}", lambda p=path: store.fs.isdir(p)):
+                versions.append(version)
+        return sorted(versions)
+
+    def stored(self) -> list[int]:
+        """The versions whose folders are complete (loadable now), ascending."""
+        return [v for v in self.folders() if self.has(v)]
+
     def fetch(self, version: int, cache_dir: str) -> str:
         """A local folder holding version `version` (the folder itself for a local store;
         else a copy under `cache_dir`, downloaded once)."""
@@ -116,6 +145,12 @@ class PolicyRegistry:
             with contextlib.suppress(OSError):  # another process finished first
                 os.replace(staging, local)
         return local
+
+
+def is_published(version: int, latest: int | None, stored: bool) -> bool:
+    """Whether `version` was published: LATEST (`latest`, None before the learner's first
+    publication) has reached it, or it is the base policy v0 and `stored`."""
+    return (latest is not None and version <= latest) or (version == 0 and stored)
 
 
 def _safe_name(url: str) -> str:

@@ -10,7 +10,6 @@ import torch
 from gagpo.learner import publish as P
 from gagpo.learner.model import add_lora, load_model
 from gagpo.schemas.store import Store
-from gagpo.schemas.versions import version_folders
 from tests.helpers.learner import parameters, tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -61,11 +60,11 @@ def test_only_the_last_k_versions_are_kept(store_dir: Path, model):
     store = Store(str(store_dir))
     for v in range(1, 6):
         P.publish_version(store, model, tiny_model_dir(), v, keep=2)
-    assert version_folders(store) == [4, 5] and store.policies.latest() == 5
+    assert store.policies.folders() == [4, 5] and store.policies.latest() == 5
     # An unmarked folder newer than LATEST may be a publication in flight: left alone.
     store.fs.makedirs(store.policies.dir(6))
     assert P.prune_versions(store, keep=1) == [4]
-    assert version_folders(store) == [5, 6]
+    assert store.policies.folders() == [5, 6]
 
 
 def test_lora_publishes_merged_weights_or_an_adapter(store_dir: Path):
@@ -106,5 +105,5 @@ def test_every_nth_version_is_kept_for_evaluation(store_dir: Path, model):
     store = Store(str(store_dir))
     for v in range(1, 8):
         P.publish_version(store, model, tiny_model_dir(), v, keep=2, keep_every=3)
-    assert version_folders(store) == [3, 6, 7]  # multiples of 3, and the newest 2
+    assert store.policies.folders() == [3, 6, 7]  # multiples of 3, and the newest 2
     assert P.prune_versions(store, keep=1) == [3, 6]  # without keep_every they go

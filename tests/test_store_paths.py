@@ -26,7 +26,6 @@ from gagpo.pipeline.sql import query_store
 from gagpo.schemas.archive import read_manifest, read_steps_table
 from gagpo.schemas.compaction import compact
 from gagpo.schemas.store import Store
-from gagpo.schemas.versions import version_folders
 from tests.helpers.learner import tiny_model_dir, write_shards
 from tests.helpers.steps import make_steps
 
@@ -62,7 +61,7 @@ def test_listings_see_the_store_and_not_its_sibling(stores):
     assert [r.path for r in sibling.list_shards()] == [sibling.shard_path("r1", "a1")]
     for version in (0, 3):
         store.commit_bytes(f"{store.policies.dir(version)}/.complete", b"{}")
-    assert version_folders(store) == [0, 3] and version_folders(sibling) == []
+    assert store.policies.folders() == [0, 3] and sibling.policies.folders() == []
     assert read_steps_table(store).num_rows == 2 * make_steps().num_rows
 
 
@@ -128,8 +127,8 @@ def test_learner_reads_publishes_and_resumes(stores):
     assert train(LearnerConfig(**cfg, updates=2)).updates == 2
     assert train(LearnerConfig(**cfg, updates=3, resume=True)).updates == 3
     assert store.policies.latest() == 3
-    assert version_folders(store)[-1:] == [3] and state_versions(store) == [3]  # the rest pruned
-    assert not {1, 2} & set(version_folders(store))
+    assert store.policies.folders()[-1:] == [3] and state_versions(store) == [3]  # the rest pruned
+    assert not {1, 2} & set(store.policies.folders())
     assert len(Ledger.load(store).rows) == 6
     assert sibling.policies.latest() is None and len(sibling.list_shards()) == 1
 

@@ -29,9 +29,8 @@ from gagpo.schemas.store import Store
 
 def versions_to_evaluate(store: Store, every: int) -> list[int]:
     """The complete published versions that are multiples of `every`, and the newest."""
-    from gagpo.schemas.versions import complete_versions
 
-    complete = complete_versions(store)
+    complete = store.policies.stored()
     return sorted({v for v in complete if v % every == 0} | set(complete[-1:]))
 
 

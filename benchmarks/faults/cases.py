@@ -221,7 +221,6 @@ def _mount(folder: Path, size: str) -> bool:
 
 def full_disk(work: Path) -> dict:
     from gagpo.schemas.store import Store
-    from gagpo.schemas.versions import complete_versions, version_folders
 
     out: dict = {}
     disk = work / "disk-actor"
@@ -247,7 +246,7 @@ def full_disk(work: Path) -> dict:
             "shards_before": shards_before,
             "shards_after": len(s.list_shards()),
             "quarantined": len(s.quarantined()),
-            "v0_complete": 0 in complete_versions(s),
+            "v0_complete": 0 in s.policies.stored(),
         }
     finally:
         subprocess.run(["umount", str(disk)], check=False)
@@ -260,14 +259,14 @@ def full_disk(work: Path) -> dict:
         done = _run(*_learner_args(store, 20)[1:])
         lines = _error_lines(done.stderr)
         s = Store(store)
-        latest, complete = s.policies.latest(), complete_versions(s)
+        latest, complete = s.policies.latest(), s.policies.stored()
         out["learner"] = {
             "exit": done.returncode,
             "one_line": len(lines) == 1 and "Traceback" not in done.stderr,
             "line": lines[-1][:300] if lines else done.stderr[-300:],
             "latest": latest,
             "latest_complete": latest in complete,
-            "partial_version_folders": len(set(version_folders(s)) - set(complete)),
+            "partial_version_folders": len(set(s.policies.folders()) - set(complete)),
             "temporaries_left": _temporaries(disk),
         }
     finally:

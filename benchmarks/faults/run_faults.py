@@ -304,7 +304,6 @@ class Run:
         from gagpo.learner.metrics import read_metrics
         from gagpo.schemas import columns as C
         from gagpo.schemas.errors import ValidationError
-        from gagpo.schemas.versions import version_folders
 
         store, f = self.store, self.figures
         store.fs.invalidate_cache()
@@ -330,7 +329,7 @@ class Run:
             + (metrics["update"].to_list() != list(range(1, f.updates + 1)))
             + (int(metrics["groups"].sum()) != trained.height)
         )
-        versions = version_folders(store)
+        versions = store.policies.folders()
         f.versions = len(versions)
         f.lineage_problems = check_lineage(store)
         if versions != list(range(store.policies.latest() + 1)):
