@@ -28,33 +28,24 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gagpo.actors.policies.presets import resolve_model  # noqa: E402
 from gagpo.learner.feed import STALE, TRAINED, Ledger  # noqa: E402
 from gagpo.schemas import columns as C  # noqa: E402
 from gagpo.schemas.store import Store  # noqa: E402
+from tests.helpers.actors import actors_command  # noqa: E402
+from tests.helpers.learner import learner_beside_actors  # noqa: E402
 
 
 def one_run(store_dir: Path, args, throttle: bool) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     actor = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gagpo.actors.cli",
-            "--store",
-            str(store_dir),
-            "--env",
-            "household",
-            "--policy",
-            "tiny",
-            "--follow",
-            "--group-size",
-            "4",
-            "--max-turns",
-            "3",
-            "--quiet",
+        actors_command(
+            store_dir,
             "--throttle" if throttle else "--no-throttle",
-        ],
+            env="household",
+            follow=True,
+            group_size=4,
+            max_turns=3,
+        ),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -64,28 +55,13 @@ def one_run(store_dir: Path, args, throttle: bool) -> dict:
     t0 = time.perf_counter()
     try:
         learner = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gagpo.learner.cli",
-                "--store",
-                str(store_dir),
-                "--policy",
-                str(resolve_model("tiny")),
-                "--updates",
-                str(args.updates),
-                "--batch-groups",
-                str(args.batch_groups),
-                "--max-staleness",
-                str(args.max_staleness),
-                "--lr",
-                "1e-3",
-                "--poll-interval",
-                "0.1",
-                "--idle-timeout",
-                "300",
-                "--quiet",
-            ],
+            learner_beside_actors(
+                store_dir,
+                updates=args.updates,
+                batch_groups=args.batch_groups,
+                max_staleness=args.max_staleness,
+                idle_timeout=300,
+            ),
             cwd=ROOT,
             env=env,
             capture_output=True,

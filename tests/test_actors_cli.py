@@ -17,7 +17,7 @@ from gagpo.envs.base import INVALID_ACTION_PENALTY
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
 from gagpo.schemas.validate import validate_steps
-from tests.helpers.actors import ACTORS, needs, run_actors
+from tests.helpers.actors import actors_command, needs, run_actors
 from tests.helpers.steps import make_steps
 
 
@@ -172,23 +172,10 @@ def test_actors_write_valid_grouped_shards(store_dir: Path, env_name, groups, G,
 
 
 def test_two_actors_into_one_store_collide_on_nothing(store_dir: Path):
-    common = [
-        "--store",
-        str(store_dir),
-        "--env",
-        "sokoban",
-        "--policy",
-        "tiny",
-        "--groups",
-        "3",
-        "--group-size",
-        "3",
-        "--max-turns",
-        "5",
-    ]
+    common = {"env": "sokoban", "groups": 3, "group_size": 3, "max_turns": 5, "run_id": "shared"}
     procs = [
         subprocess.Popen(
-            [*ACTORS, "--quiet", *common, "--seed", str(seed), "--run-id", "shared"],
+            actors_command(store_dir, **common, seed=seed),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -243,23 +230,14 @@ def test_sigkill_of_running_actor_leaves_only_whole_shards(store_dir: Path):
     """Kill a real actor at several moments; every visible shard is complete and valid."""
     for delay in (2.0, 3.5, 5.0):
         proc = subprocess.Popen(
-            [
-                *ACTORS,
-                "--quiet",
-                "--store",
-                str(store_dir),
-                "--env",
-                "household",
-                "--policy",
-                "tiny",
-                "--follow",
-                "--group-size",
-                "2",
-                "--max-turns",
-                "3",
-                "--seed",
-                str(int(delay * 10)),
-            ],
+            actors_command(
+                store_dir,
+                env="household",
+                follow=True,
+                group_size=2,
+                max_turns=3,
+                seed=int(delay * 10),
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -18,6 +18,7 @@ from gagpo.envs.openenv_env import EnvironmentLost
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.validate import validate_steps
+from tests.helpers.actors import actors_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,28 +161,9 @@ def test_server_dying_mid_rollout_loses_that_group_alone(servers, store_dir: Pat
     watcher.start()
     url = f"openenv+http://127.0.0.1:{dying.port},127.0.0.1:{steady.port}"
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gagpo.actors.cli",
-            "--quiet",
-            "--store",
-            str(store_dir),
-            "--env",
-            url,
-            "--policy",
-            "tiny",
-            "--groups",
-            "3",
-            "--group-size",
-            "2",
-            "--max-turns",
-            "4",
-            "--seed",
-            "0",
-            "--env-executor",
-            "inline",
-        ],
+        actors_command(
+            store_dir, env=url, groups=3, group_size=2, max_turns=4, seed=0, env_executor="inline"
+        ),
         capture_output=True,
         text=True,
         timeout=600,

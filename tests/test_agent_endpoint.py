@@ -26,6 +26,7 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
+from tests.helpers.actors import actor_config
 from tests.helpers.steps import steps_of
 from tests.helpers.versions import fresh_logprobs, perturbed_copy
 
@@ -35,18 +36,8 @@ MAZE = "agent:tests.helpers.agents:maze"
 
 
 def agent_config(store: Path, env: str = MAZE, **overrides) -> ActorConfig:
-    base = dict(
-        store=str(store),
-        env=env,
-        policy="tiny",
-        groups=3,
-        group_size=G,
-        max_turns=5,
-        seed=11,
-        run_id="r",
-        sampling={"max_new_tokens": 3},
-    )
-    return ActorConfig(**(base | overrides))
+    base = {"group_size": G, "sampling": {"max_new_tokens": 3}}
+    return actor_config(store, env, **(base | overrides))
 
 
 def test_an_openai_agent_plays_g_rollouts_into_valid_shards(tmp_path: Path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,9 +17,10 @@ from gagpo.learner.feed import STALE, Feed, Ledger, pipeline_advantages
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
+from tests.helpers.actors import actors_command
+from tests.helpers.learner import ENV, ROOT, learner_beside_actors
 from tests.helpers.steps import make_steps
 
-ROOT = Path(__file__).resolve().parents[1]
 ADV = pipeline_advantages(GagpoConfig())
 
 
@@ -166,62 +166,22 @@ def test_fast_actor_and_slow_learner_waste_almost_nothing(tmp_path: Path):
     """A fast actor (--follow) beside a slower learner (B = 2, max_staleness = 1): the
     actor waits instead of producing groups that go stale. Without backpressure most
     groups are never trained on (about 80 % here before it existed)."""
-    from gagpo.actors.policies.presets import resolve_model
-
     store_dir, updates, b, s = tmp_path / "store", 6, 2, 1
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     actor = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gagpo.actors.cli",
-            "--store",
-            str(store_dir),
-            "--env",
-            "household",
-            "--policy",
-            "tiny",
-            "--follow",
-            "--group-size",
-            "4",
-            "--max-turns",
-            "3",
-            "--quiet",
-        ],
+        actors_command(store_dir, env="household", follow=True, group_size=4, max_turns=3),
         cwd=ROOT,
-        env=env,
+        env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         learner = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gagpo.learner.cli",
-                "--store",
-                str(store_dir),
-                "--policy",
-                str(resolve_model("tiny")),
-                "--updates",
-                str(updates),
-                "--batch-groups",
-                str(b),
-                "--max-staleness",
-                str(s),
-                "--lr",
-                "1e-3",
-                "--micro-batch-tokens",
-                "4096",
-                "--poll-interval",
-                "0.1",
-                "--idle-timeout",
-                "120",
-                "--quiet",
-            ],
+            learner_beside_actors(
+                store_dir, updates=updates, batch_groups=b, max_staleness=s, micro_batch_tokens=4096
+            ),
             cwd=ROOT,
-            env=env,
+            env=ENV,
             capture_output=True,
             text=True,
             timeout=400,

@@ -34,27 +34,28 @@ UPDATES = 8
 COUNTS = "SELECT count(*) AS n, count(DISTINCT traj_id || ':' || step) AS d, count(DISTINCT group_id) AS g FROM steps"
 
 
+def tiny_run(store_dir: Path, *settings: str) -> list[str]:
+    """`gagpo run` of the tiny recipe without its warm start, each of `settings` a --set."""
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    return [GAGPO, "run", "--store", str(store_dir), "--recipe", "tiny", "--no-warmstart", *sets]
+
+
+def scratch_env(tmp_path: Path) -> dict[str, str]:
+    """HOME and TMPDIR in the test's own folder."""
+    return dict(os.environ, HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path))
+
+
 @pytest.mark.slow
 def test_readers_never_fail_nor_double_count_while_the_learner_compacts(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
-    env = dict(os.environ, HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path))
     run = subprocess.Popen(
-        [
-            GAGPO,
-            "run",
-            "--store",
-            str(store_dir),
-            "--recipe",
-            "tiny",
-            "--no-warmstart",
-            "--set",
+        tiny_run(
+            store_dir,
             f"learner.updates={UPDATES}",
-            "--set",
             "learner.compaction.every_updates=1",
-            "--set",
             "run.eval_groups=0",
-        ],
-        env=env,
+        ),
+        env=scratch_env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -134,7 +135,7 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(
     compaction), then --resume: one lineage, every group trained once, and the next
     compaction finishes what the killed one left (nothing unnamed left in the archive)."""
     from gagpo.schemas.archive import ARCHIVE, LEDGER_PARTS, SEGMENTS
-    from tests.helpers.learner import ROOT, learner_cmd, tiny_model_dir, write_shards
+    from tests.helpers.learner import run_learner, tiny_model_dir, write_shards
     from tests.helpers.lineage import UPDATES, B, assert_one_lineage, kill_at, lineage_args
 
     store_dir = tmp_path / "store"
@@ -145,14 +146,7 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(
     compaction = ["--set", "compaction.every_updates=1"]
     kill_at(store_dir, f"{phase}:2", tmp_path, *compaction)
     before = read_manifest(store)
-    done = subprocess.run(
-        learner_cmd(*lineage_args(store_dir, "--resume"), *compaction),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    done = run_learner(*lineage_args(store_dir, "--resume"), *compaction)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_one_lineage(store)
     after = read_manifest(store)
@@ -181,24 +175,14 @@ def test_every_view_and_recompute_is_the_same_after_gagpo_compact(tmp_path: Path
     finally:
         sys.path.pop(0)
     store_dir = tmp_path / "store"
-    env = dict(os.environ, HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path))
     done = subprocess.run(
-        [
-            GAGPO,
-            "run",
-            "--store",
-            str(store_dir),
-            "--recipe",
-            "tiny",
-            "--no-warmstart",
-            "--set",
+        tiny_run(
+            store_dir,
             "learner.updates=4",
-            "--set",
             "learner.compaction.every_updates=0",
-            "--set",
             "learner.compaction.min_mib=0",
-        ],
-        env=env,
+        ),
+        env=scratch_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=600,

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
 from gagpo.workflows import credit
+from tests.helpers.actors import small_sokoban
 from tests.helpers.steps import make_steps
 
 
@@ -27,29 +26,7 @@ def sokoban_store(tmp_path_factory) -> str:
     """Real rollouts of the untrained tiny policy: 4 sokoban tasks × 4 rollouts, 3 turns
     (fixed run id and seed: the same store every time)."""
     store = tmp_path_factory.mktemp("credit") / "store"
-    actors = [
-        sys.executable,
-        "-m",
-        "gagpo.actors.cli",
-        "--store",
-        str(store),
-        "--env",
-        "sokoban",
-        "--set",
-        "env_options={sizes=[5,5],max_boxes=1}",
-        "--groups",
-        "4",
-        "--group-size",
-        "4",
-        "--max-turns",
-        "3",
-        "--run-id",
-        "story",
-        "--seed",
-        "0",
-        "--quiet",
-    ]
-    subprocess.run(actors, check=True, capture_output=True, timeout=300)
+    small_sokoban(store, groups=4, run_id="story")
     return str(store)
 
 

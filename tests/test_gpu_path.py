@@ -32,6 +32,7 @@ from tests.helpers.learner import (
     ROOT,
     parameters,
     shard_table,
+    tiny_config,
     tiny_model_dir,
     write_shards,
 )
@@ -79,17 +80,7 @@ def test_bf16_autocast_loss_is_close_to_fp32_on_the_same_batch():
 def test_bf16_learner_trains_and_publishes_float32_weights(tmp_path: Path):
     store = Store(str(tmp_path / "store"))
     write_shards(store, 2)
-    cfg = LearnerConfig(
-        store=store.url,
-        policy=str(tiny_model_dir()),
-        updates=2,
-        batch_groups=2,
-        lr=1e-2,
-        idle_timeout_s=0.5,
-        poll_interval_s=0.05,
-        precision="bf16",
-        device="cpu",
-    )
+    cfg = tiny_config(store, precision="bf16", device="cpu")
     assert train(cfg).updates == 2
     metrics = read_metrics(store)
     assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["skipped_steps"] == 0).all()
@@ -122,17 +113,7 @@ def test_mismatch_is_measured_on_same_version_actions_and_null_otherwise(tmp_pat
     exact = recomputed_behaviour(shard_table("m0", groups=2, version=0))
     store.write_shard(exact, group_size=GROUP_SIZE)  # update 1 (learner at v0): same version
     write_shards(store, 1, version=0, prefix="n")  # update 2 (learner at v1): one behind
-    cfg = LearnerConfig(
-        store=store.url,
-        policy=str(tiny_model_dir()),
-        updates=2,
-        batch_groups=2,
-        lr=1e-2,
-        idle_timeout_s=0.5,
-        poll_interval_s=0.05,
-        max_staleness=4,
-        device="cpu",
-    )
+    cfg = tiny_config(store, max_staleness=4, device="cpu")
     assert train(cfg).updates == 2
     metrics = read_metrics(store).sort("update")
     kl, max_abs = metrics["mismatch_kl"].to_list(), metrics["mismatch_max_abs"].to_list()
@@ -379,17 +360,7 @@ def test_gpu_recipe_is_the_papers_setup_and_refuses_an_absent_model_in_one_line(
 def test_cuda_bf16_learner_trains(tmp_path: Path):
     store = Store(str(tmp_path / "store"))
     write_shards(store, 2)
-    cfg = LearnerConfig(
-        store=store.url,
-        policy=str(tiny_model_dir()),
-        updates=2,
-        batch_groups=2,
-        lr=1e-2,
-        idle_timeout_s=0.5,
-        poll_interval_s=0.05,
-        precision="bf16",
-        device="cuda",
-    )
+    cfg = tiny_config(store, precision="bf16", device="cuda")
     assert train(cfg).updates == 2
     assert np.isfinite(read_metrics(store)["loss"].to_numpy()).all()
 

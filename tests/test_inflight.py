@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.store import Store
 from gagpo.schemas.validate import ValidationError, validate_steps
+from tests.helpers.actors import actors_command
 from tests.helpers.envs import Staggered
 from tests.helpers.procs import group_members
 from tests.helpers.steps import steps_of
@@ -239,26 +239,15 @@ def test_a_rollout_whose_version_falls_is_rejected():
 @pytest.mark.slow
 def test_sigint_with_groups_in_flight_leaves_no_torn_shard(tmp_path: Path):
     store_dir = tmp_path / "store"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gagpo.actors.cli",
-        "--quiet",
-        "--store",
-        str(store_dir),
-        "--env",
-        "household",
-        "--policy",
-        "tiny",
-        "--follow",
-        "--no-throttle",
-        "--group-size",
-        "3",
-        "--max-turns",
-        "6",
-        "--groups-in-flight",
-        "4",
-    ]
+    cmd = actors_command(
+        store_dir,
+        env="household",
+        follow=True,
+        no_throttle=True,
+        group_size=3,
+        max_turns=6,
+        groups_in_flight=4,
+    )
     store = Store(str(store_dir))
     for seed, shards in ((3, 1), (5, 3)):
         before = len(store.list_shards()) if store_dir.exists() else 0
@@ -292,32 +281,18 @@ def test_ctrl_c_from_a_terminal_ends_the_actor_as_sigint_to_its_pid_does(tmp_pat
     processes included: they ignore it, the actor finishes its groups in flight, commits,
     ends them and exits 0; no traceback, nothing torn, nothing of the group left alive."""
     store_dir = tmp_path / "store"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gagpo.actors.cli",
-        "--quiet",
-        "--store",
-        str(store_dir),
-        "--env",
-        "sokoban",
-        "--policy",
-        "tiny",
-        "--follow",
-        "--no-throttle",
-        "--group-size",
-        "3",
-        "--max-turns",
-        "6",
-        "--groups-in-flight",
-        "2",
-        "--env-executor",
-        executor,
-        "--env-workers",
-        "2",
-        "--seed",
-        "7",
-    ]
+    cmd = actors_command(
+        store_dir,
+        env="sokoban",
+        follow=True,
+        no_throttle=True,
+        group_size=3,
+        max_turns=6,
+        groups_in_flight=2,
+        env_executor=executor,
+        env_workers=2,
+        seed=7,
+    )
     store = Store(str(store_dir))
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -17,7 +17,7 @@ from gagpo.learner.train import train
 from gagpo.schemas.config import load_config
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.helpers.learner import ROOT, parameters, tiny_model_dir, write_shards
+from tests.helpers.learner import ROOT, parameters, tiny_config, tiny_model_dir, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -109,17 +109,7 @@ def test_a_policy_that_is_not_a_model_folder_is_one_line(tmp_path: Path):
 def test_objective_variants_train(tmp_path: Path, options):
     store = Store(str(tmp_path / "store"))
     write_shards(store, 2)
-    cfg = LearnerConfig(
-        store=store.url,
-        policy=str(tiny_model_dir()),
-        updates=2,
-        batch_groups=2,
-        lr=1e-2,
-        idle_timeout_s=0.5,
-        poll_interval_s=0.05,
-        max_staleness=10,
-        **options,
-    )
+    cfg = tiny_config(store, max_staleness=10, **options)
     assert train(cfg).updates == 2
     metrics = read_metrics(store)
     assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["masked_actions"] == 0).all()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import polars as pl
@@ -15,13 +14,15 @@ from gagpo.learner.feed import STALE, TRAINED, Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
+from tests.helpers.actors import actors_command
 from tests.helpers.learner import (
     ENV,
     ROOT,
     learner_args,
-    learner_cmd,
+    learner_beside_actors,
     parameters,
     run_learner,
+    run_torchrun,
     tiny_model_dir,
     write_shards,
 )
@@ -37,20 +38,7 @@ def test_torchrun_two_processes_match_one(tmp_path):
         write_shards(stores[name], 3, groups=3)
     single = run_learner(*learner_args(tmp_path / "one", "--mini-batches", "1"))
     assert single.returncode == 0, single.stderr
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "gagpo.learner.cli",
-        *learner_args(tmp_path / "two", "--mini-batches", "1"),
-    ]
-    double = subprocess.run(
-        torchrun, capture_output=True, text=True, timeout=300, cwd=ROOT, env=ENV
-    )
+    double = run_torchrun(*learner_args(tmp_path / "two", "--mini-batches", "1"))
     assert double.returncode == 0, double.stderr[-3000:]
     a, b = parameters(stores["one"].policies.dir(3)), parameters(stores["two"].policies.dir(3))
     base = parameters(tiny_model_dir())
@@ -67,27 +55,9 @@ def test_actors_and_learner_run_asynchronously(tmp_path):
     """Actors (follow mode) and the learner as separate processes on one store: the actors
     pick up published versions, shards carry increasing policy_version, and what the
     learner trains on stays within the staleness bound (older data is dropped, counted)."""
-    from gagpo.actors.policies.presets import resolve_model  # the test may use actors
-
     store_dir, staleness = tmp_path / "store", 1
     actors = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gagpo.actors.cli",
-            "--store",
-            str(store_dir),
-            "--env",
-            "household",
-            "--policy",
-            "tiny",
-            "--follow",
-            "--group-size",
-            "4",
-            "--max-turns",
-            "3",
-            "--quiet",
-        ],
+        actors_command(store_dir, env="household", follow=True, group_size=4, max_turns=3),
         cwd=ROOT,
         env=ENV,
         stdout=subprocess.DEVNULL,
@@ -96,25 +66,7 @@ def test_actors_and_learner_run_asynchronously(tmp_path):
     )
     try:
         learner = subprocess.run(
-            learner_cmd(
-                "--store",
-                str(store_dir),
-                "--policy",
-                str(resolve_model("tiny")),
-                "--updates",
-                "4",
-                "--batch-groups",
-                "2",
-                "--max-staleness",
-                str(staleness),
-                "--lr",
-                "1e-3",
-                "--poll-interval",
-                "0.1",
-                "--idle-timeout",
-                "120",
-                "--quiet",
-            ),
+            learner_beside_actors(store_dir, updates=4, batch_groups=2, max_staleness=staleness),
             cwd=ROOT,
             env=ENV,
             capture_output=True,

@@ -3,10 +3,6 @@ metrics, checkpoints, exact resume, and a SIGKILL mid-update followed by --resum
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +18,8 @@ from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.layout import COMPLETE
 from gagpo.schemas.store import Store
-from gagpo.schemas.versions import version_folders
-from tests.helpers.learner import ROOT, learner_cmd, parameters, tiny_model_dir, write_shards
+from tests.helpers.learner import parameters, run_learner, tiny_model_dir, write_shards
+from tests.helpers.lineage import kill_at, lineage_args
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -70,7 +66,7 @@ def straight(tmp_path_factory):
 def test_updates_publish_versions_and_record_everything(straight):
     store, summary = straight
     assert summary.updates == 5 and summary.version == 5 and summary.groups == 10
-    assert store.policies.latest() == 5 and version_folders(store) == [4, 5]
+    assert store.policies.latest() == 5 and store.policies.folders() == [4, 5]
     v5 = store.policies.dir(5)
     assert store.fs.exists(f"{v5}/{COMPLETE}") and store.fs.exists(f"{v5}/tokenizer.json")
     before, after = parameters(tiny_model_dir()), parameters(v5)
@@ -108,66 +104,17 @@ def test_resume_continues_exactly(straight, tmp_path: Path):
     )
 
 
-def _kill_during(store_root: Path, phase: str, update: int, tmp_path: Path) -> list[str]:
-    hold = tmp_path / "held"
-    args = [
-        "--store",
-        str(store_root),
-        "--policy",
-        str(tiny_model_dir()),
-        "--updates",
-        "5",
-        "--batch-groups",
-        str(B),
-        "--lr",
-        "3e-3",
-        "--micro-batch-tokens",
-        "96",
-        "--keep-versions",
-        "100",
-        "--poll-interval",
-        "0.05",
-        "--idle-timeout",
-        "1",
-        "--max-staleness",
-        "100",
-        "--quiet",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GAGPO_LEARNER_HOLD": f"{phase}:{update}:{hold}"}
-    proc = subprocess.Popen(
-        learner_cmd(*args), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not hold.exists():
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the learner never reached the hold point"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
-        proc.stderr.close()
-    return args
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("phase", "update"), [("backward", 4), ("publish", 3)])
 def test_sigkill_then_resume(straight, tmp_path: Path, phase, update):
     store = fresh_store(tmp_path, "store")
-    args = _kill_during(tmp_path / "store", phase, update, tmp_path)
+    kill_at(tmp_path / "store", f"{phase}:{update}", tmp_path, updates=5)
     latest = store.policies.latest()
     # LATEST never names an incomplete version.
     assert latest == update - 1 and store.fs.exists(f"{store.policies.dir(latest)}/{COMPLETE}")
-    resumed = subprocess.run(
-        learner_cmd(*args, "--resume"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    resumed = run_learner(*lineage_args(tmp_path / "store", "--resume", updates=5))
     assert resumed.returncode == 0, resumed.stderr
-    versions = version_folders(store)
+    versions = store.policies.folders()
     assert versions == list(range(1, versions[-1] + 1)) and store.policies.latest() == versions[-1]
     assert all(store.fs.exists(f"{store.policies.dir(v)}/{COMPLETE}") for v in versions)
     # Every group trained exactly once in the final lineage, and the same model as a run
@@ -197,14 +144,7 @@ def test_no_hang_one_line(tmp_path: Path, args, words):
     (tmp_path / "empty").mkdir()
     args = [a.format(tmp=tmp_path) for a in args]
     store = [] if "--store" in args else ["--store", str(tmp_path / "empty")]
-    done = subprocess.run(
-        learner_cmd(*store, *args),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    done = run_learner(*store, *args, timeout=120)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.strip().splitlines() if "error" in line]
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in done.stderr, done.stderr

@@ -24,24 +24,10 @@ from tests.helpers.learner import (
     learner_args,
     parameters,
     run_learner,
+    run_torchrun,
     tiny_model_dir,
     write_shards,
 )
-
-
-def torchrun(store, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "gagpo.learner.cli",
-        *learner_args(store, *extra),
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=ENV)
 
 
 @pytest.mark.slow
@@ -58,10 +44,11 @@ def test_fsdp_two_processes_match_one_across_resume(tmp_path):
     extra = ("--mini-batches", "2")  # two steps per update
     single = run_learner(*learner_args(tmp_path / "one", *extra))
     assert single.returncode == 0, single.stderr
-    first = torchrun(tmp_path / "fsdp", *extra, "--parallel", "fsdp", "--updates", "2")
+    fsdp = (*extra, "--parallel", "fsdp")
+    first = run_torchrun(*learner_args(tmp_path / "fsdp", *fsdp, "--updates", "2"))
     assert first.returncode == 0, first.stderr[-8000:]
     assert stores["fsdp"].policies.latest() == 2
-    resumed = torchrun(tmp_path / "fsdp", *extra, "--parallel", "fsdp", "--resume")
+    resumed = run_torchrun(*learner_args(tmp_path / "fsdp", *fsdp, "--resume"))
     assert resumed.returncode == 0, resumed.stderr[-8000:]
 
     base = parameters(tiny_model_dir())

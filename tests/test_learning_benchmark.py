@@ -19,6 +19,7 @@ import pytest
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import EVAL, HELDOUT, Store
+from tests.helpers.actors import small_sokoban
 from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,29 +38,7 @@ def run_learning():
 
 def test_measure_of_a_sokoban_store_is_json(tmp_path: Path, run_learning):
     store = tmp_path / "store"
-    actors = [
-        sys.executable,
-        "-m",
-        "gagpo.actors.cli",
-        "--store",
-        str(store),
-        "--env",
-        "sokoban",
-        "--set",
-        "env_options={sizes=[5,5],max_boxes=1}",
-        "--groups",
-        "2",
-        "--group-size",
-        "4",
-        "--max-turns",
-        "3",
-        "--run-id",
-        "bench",
-        "--seed",
-        "0",
-        "--quiet",
-    ]
-    subprocess.run(actors, check=True, capture_output=True, timeout=300)
+    small_sokoban(store, groups=2, run_id="bench")
     advantages = [
         sys.executable,
         "-m",

@@ -18,7 +18,7 @@ from gagpo.learner.lease import LeaseLostError, acquire, check_lease, newest, re
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.helpers.learner import ROOT, learner_cmd, tiny_model_dir, write_shards
+from tests.helpers.learner import ROOT, learner_cmd, tiny_learner_args, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -156,28 +156,8 @@ def test_lease_on_s3_refuses_a_second_learner(s3_endpoint, tmp_path):
 
 
 def _args(store: Path, *extra: str) -> list[str]:
-    return [
-        "--store",
-        str(store),
-        "--policy",
-        str(tiny_model_dir()),
-        "--updates",
-        "5",
-        "--batch-groups",
-        "1",
-        "--max-staleness",
-        "100",
-        "--micro-batch-tokens",
-        "96",
-        "--keep-versions",
-        "100",
-        "--poll-interval",
-        "0.05",
-        "--idle-timeout",
-        "20",
-        "--quiet",
-        *extra,
-    ]
+    options = {"micro_batch_tokens": 96, "keep_versions": 100, "idle_timeout": 20}
+    return tiny_learner_args(store, *extra, updates=5, batch_groups=1, **options)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from gagpo.learner.metrics import clip_possible, not_computed, progress_line, re
 from gagpo.learner.sinks import check_trackers
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.helpers.learner import tiny_model_dir, write_shards
+from tests.helpers.learner import tiny_config, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -33,17 +33,7 @@ def test_tensorboard_events_hold_the_update_metrics_and_nulls_stay_out(tmp_path)
 
     store = Store(str(tmp_path / "store"))
     write_shards(store, 2)
-    cfg = LearnerConfig(
-        store=store.url,
-        policy=str(tiny_model_dir()),
-        updates=2,
-        batch_groups=2,
-        lr=1e-2,
-        idle_timeout_s=0.5,
-        poll_interval_s=0.05,
-        max_staleness=10,
-        log_to=["tensorboard"],
-    )
+    cfg = tiny_config(store, max_staleness=10, log_to=["tensorboard"])
     lines: list[str] = []
     assert train(cfg, echo=lines.append).updates == 2
 

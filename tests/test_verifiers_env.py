@@ -23,6 +23,7 @@ from gagpo.envs import check_env
 from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
+from tests.helpers.actors import actor_config
 from tests.helpers.steps import steps_of
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "fixture_on_path")
@@ -39,19 +40,12 @@ def fixture_on_path():
 
 def config(store: Path, **overrides) -> ActorConfig:
     base = dict(
-        store=str(store),
-        env=ENV,
-        policy="tiny",
-        groups=3,
         group_size=G,
-        max_turns=5,
-        seed=11,
-        run_id="r",
         sampling={"max_new_tokens": 4},
         groups_in_flight=2,
         env_options={"traces": str(store / "traces"), "turn_timeout_s": 30},
     )
-    return ActorConfig(**(base | overrides))
+    return actor_config(store, ENV, **(base | overrides))
 
 
 def rescored(record: dict) -> float:

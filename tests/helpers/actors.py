@@ -1,4 +1,5 @@
-"""`gagpo-actors` in a child process, and marks for environments whose library is optional."""
+"""`gagpo-actors` in a child process or as a config, and marks for environments whose library
+is optional."""
 
 from __future__ import annotations
 
@@ -10,7 +11,26 @@ from pathlib import Path
 
 import pytest
 
+from gagpo.schemas.config import ActorConfig
+from tests.helpers.argv import flags
+
 ACTORS = [sys.executable, "-m", "gagpo.actors.cli"]
+
+
+def actors_command(store: Path | str, *args: str, **options) -> list[str]:
+    """`gagpo-actors --quiet` into `store` with the tiny policy (unless `options` name
+    another), `options` as flags (`group_size=4` → `--group-size 4`), then `args`."""
+    options = {"policy": "tiny", **options}
+    return [*ACTORS, "--quiet", "--store", str(store), *flags(**options), *args]
+
+
+def actor_config(store: Path, env: str, **overrides) -> ActorConfig:
+    """Three groups of the tiny policy's rollouts on `env` into `store`: 5 turns, seed 11,
+    run id `r`; `overrides` replace or add fields (the group size among them)."""
+    base = dict(
+        store=str(store), env=env, policy="tiny", groups=3, max_turns=5, seed=11, run_id="r"
+    )
+    return ActorConfig(**(base | overrides))
 
 
 def run_actors(
@@ -31,6 +51,16 @@ def run_actors_with(env_name: str, store: Path, *args: str) -> subprocess.Comple
     return run_actors(
         "--store", str(store), "--env", env_name, "--policy", "tiny", *args, timeout=600
     )
+
+
+def small_sokoban(store: Path, *, groups: int, run_id: str) -> None:
+    """Real rollouts of the untrained tiny policy into `store`: `groups` 5×5 one-box
+    sokoban tasks × 4 rollouts of 3 turns, seed 0 (the same shards every time)."""
+    sokoban = {"env": "sokoban", "set": "env_options={sizes=[5,5],max_boxes=1}"}
+    cmd = actors_command(
+        store, **sokoban, groups=groups, group_size=4, max_turns=3, run_id=run_id, seed=0
+    )
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
 
 
 def needs(*modules: str) -> pytest.MarkDecorator:

@@ -1,4 +1,5 @@
-"""The learner tests' tiny model folder, varied shards, and the learner as a process."""
+"""The learner tests' tiny model folder, varied shards, and the learner as a process (its
+command line, under torchrun too) or as a config."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from gagpo.learner.config import LearnerConfig
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
+from tests.helpers.argv import flags
 from tests.helpers.steps import make_steps
 
 VOCAB = 48
@@ -93,8 +96,22 @@ def write_shards(
     return ids
 
 
-def learner_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gagpo.learner.cli", *args]
+def learner_cmd(*args: str, **options) -> list[str]:
+    """`gagpo-learner *args` and `options` as flags (`batch_groups=2` → `--batch-groups 2`)."""
+    return [sys.executable, "-m", "gagpo.learner.cli", *args, *flags(**options)]
+
+
+def run_torchrun(*args: str) -> subprocess.CompletedProcess:
+    """`gagpo-learner *args` as 2 processes under torchrun on this machine."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return subprocess.run(
+        [*torchrun, "--nproc-per-node", "2", "-m", "gagpo.learner.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=ENV,
+    )
 
 
 def run_learner(
@@ -119,27 +136,51 @@ def parameters(folder: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
+def tiny_learner_args(store, *extra: str, **options) -> list[str]:
+    """The learner's arguments on the tiny model: staleness up to 100, polls every 50 ms,
+    stops once idle for a second, quiet; `options` as flags add or override; then `extra`."""
+    defaults = {
+        "policy": tiny_model_dir(),
+        "max_staleness": 100,
+        "poll_interval": 0.05,
+        "idle_timeout": 1,
+        "quiet": True,
+    }
+    return ["--store", str(store), *flags(**{**defaults, **options}), *extra]
+
+
 def learner_args(store, *extra: str) -> list[str]:
     """A 3-update run on the tiny model that stops once idle for a second."""
-    return [
-        "--store",
-        str(store),
-        "--policy",
-        str(tiny_model_dir()),
-        "--updates",
-        "3",
-        "--batch-groups",
-        "3",
-        "--lr",
-        "3e-3",
-        "--micro-batch-tokens",
-        "64",
-        "--max-staleness",
-        "100",
-        "--idle-timeout",
-        "1",
-        "--poll-interval",
-        "0.05",
-        "--quiet",
-        *extra,
-    ]
+    return tiny_learner_args(
+        store, *extra, updates=3, batch_groups=3, lr=3e-3, micro_batch_tokens=64
+    )
+
+
+def learner_beside_actors(store, **options) -> list[str]:
+    """`gagpo-learner` on the actors' `tiny` preset at lr 1e-3, polling every 0.1 s and
+    waiting up to 2 minutes for the actors' groups; `options` as flags add or override."""
+    from gagpo.actors.policies.presets import resolve_model
+
+    defaults = {
+        "policy": resolve_model("tiny"),
+        "lr": 1e-3,
+        "poll_interval": 0.1,
+        "idle_timeout": 120,
+        "quiet": True,
+    }
+    return learner_cmd(store=store, **{**defaults, **options})
+
+
+def tiny_config(store: Store, **options) -> LearnerConfig:
+    """Two updates of B = 2 at lr 1e-2 on the tiny model into `store`, stopping half a
+    second after the data runs out; `options` add or override."""
+    defaults = {
+        "store": store.url,
+        "policy": str(tiny_model_dir()),
+        "updates": 2,
+        "batch_groups": 2,
+        "lr": 1e-2,
+        "idle_timeout_s": 0.5,
+        "poll_interval_s": 0.05,
+    }
+    return LearnerConfig(**{**defaults, **options})

@@ -16,47 +16,27 @@ from gagpo.learner.feed import Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
-from gagpo.schemas.versions import version_folders
-from tests.helpers.learner import ROOT, learner_cmd, tiny_model_dir
+from tests.helpers.learner import ROOT, learner_cmd, run_learner, tiny_learner_args
 
 UPDATES, B = 10, 2
 
 
-def lineage_args(store: Path, *extra: str) -> list[str]:
+def lineage_args(store: Path, *extra: str, updates: int = UPDATES) -> list[str]:
     """The issue's command, on the tiny policy folder and a store of 20 groups."""
-    return [
-        "--store",
-        str(store),
-        "--policy",
-        str(tiny_model_dir()),
-        "--updates",
-        str(UPDATES),
-        "--batch-groups",
-        str(B),
-        "--max-staleness",
-        "100",
-        "--lr",
-        "3e-3",
-        "--micro-batch-tokens",
-        "96",
-        "--keep-versions",
-        "100",
-        "--poll-interval",
-        "0.05",
-        "--idle-timeout",
-        "1",
-        "--quiet",
-        *extra,
-    ]
+    options = {"lr": 3e-3, "micro_batch_tokens": 96, "keep_versions": 100}
+    return tiny_learner_args(store, *extra, updates=updates, batch_groups=B, **options)
 
 
-def kill_at(store: Path, hold: str, tmp_path: Path, *extra: str) -> None:
+def kill_at(store: Path, hold: str, tmp_path: Path, *extra: str, updates: int = UPDATES) -> None:
     """Run the learner (with `extra` arguments) with GAGPO_LEARNER_HOLD=<hold>:<file>;
     SIGKILL it once held."""
     held = tmp_path / "held"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GAGPO_LEARNER_HOLD": f"{hold}:{held}"}
     proc = subprocess.Popen(
-        learner_cmd(*lineage_args(store), *extra), cwd=ROOT, env=env, stderr=subprocess.PIPE
+        learner_cmd(*lineage_args(store, updates=updates), *extra),
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 240
@@ -71,20 +51,13 @@ def kill_at(store: Path, hold: str, tmp_path: Path, *extra: str) -> None:
 
 
 def resume(store: Path) -> None:
-    done = subprocess.run(
-        learner_cmd(*lineage_args(store, "--resume")),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    done = run_learner(*lineage_args(store, "--resume"))
     assert done.returncode == 0, done.stderr[-3000:]
 
 
 def assert_one_lineage(store: Store, updates: int = UPDATES) -> None:
     assert store.policies.latest() == updates
-    assert version_folders(store) == list(range(updates + 1))  # v0 from the "actors"
+    assert store.policies.folders() == list(range(updates + 1))  # v0 from the "actors"
     assert check_lineage(store) == []
     metrics = read_metrics(store)
     assert metrics["update"].to_list() == list(range(1, updates + 1))
