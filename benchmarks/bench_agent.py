@@ -7,17 +7,30 @@ names the environment's state key and returns its rewards per turn, so both runs
 the same prompts with the same seeds: their steps must agree token for token, and the
 difference in steps/s is the endpoint's (HTTP, threads, JSON) alone.
 
-    .venv/bin/python benchmarks/bench_agent.py [--groups 8] [--group-size 8] [--k 1] [--policy tiny] [--backend auto]
+Each configuration of each repeat runs in a child process of its own (this script with
+`--only native|endpoint`), so one vLLM engine lives at a time; the repeats alternate which
+goes first, so a load that comes and goes falls on both. The ratio is printed from the
+best of each and per repeat (median and range).
+
+    .venv/bin/python benchmarks/bench_agent.py [--groups 8] [--group-size 8] [--k 1] [--repeats 2] [--policy tiny] [--backend auto]
+    GAGPO_CACHE=.cache/gagpo .venv-vllm/bin/python benchmarks/bench_agent.py --backend vllm --policy smollm2-135m
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+# Last, not first: a stale gagpo.egg-info left at the root by an old install would shadow
+# the installed distribution's entry points (the built-in environments) if it came first.
+sys.path.append(str(ROOT))
 
 WINDOW = 1
 MAX_TURNS = 6
@@ -51,57 +64,157 @@ async def sokoban(client, task):
             }
 
 
-def main() -> None:
-    import polars as pl
-    import pyarrow as pa
+ENDPOINT = "agent:benchmarks.bench_agent:sokoban"
+CONFIGS = {"native": "sokoban", "endpoint": ENDPOINT}
+RESULT = "bench-agent-result: "  # the line a child prints its figures on
 
+
+def vllm_settings(args) -> dict:
+    """The engine as tests/test_vllm_cpu.py and bench_vllm.py start it on the CPU: eager,
+    a bounded context; `--vllm-memory` of the RAM (one engine at a time: one per child)."""
+    settings: dict = {"gpu_memory_utilization": args.vllm_memory}
+    if args.backend == "vllm" and args.device != "cuda":
+        settings |= {"dtype": args.vllm_dtype, "enforce_eager": True, "max_model_len": 2048}
+    return settings
+
+
+def play(args) -> None:
+    """One configuration (`--only`) into `--store`: its figures on one JSON line. One engine
+    for the process: `--warmup` groups of other tasks first (imports, the endpoint's start,
+    the engine's first steps), then the timed run."""
+    if args.backend == "vllm":  # as tests/test_vllm_cpu.py: no telemetry; a 1 GiB KV cache
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ.setdefault("DO_NOT_TRACK", "1")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (vLLM's CPU default: most RAM)
     from gagpo.actors.actor import run_actor
-    from gagpo.schemas import columns as C
+    from gagpo.actors.policies.presets import load_policy
+    from gagpo.envs import make_env
     from gagpo.schemas.config import ActorConfig
-    from gagpo.schemas.store import Store
 
+    config = ActorConfig(
+        store=args.store,
+        env=CONFIGS[args.only],
+        policy=args.policy,
+        backend=args.backend,
+        device=args.device,
+        vllm=vllm_settings(args),
+        groups=args.groups,
+        group_size=args.group_size,
+        groups_in_flight=args.k,
+        max_turns=MAX_TURNS,
+        history_window=WINDOW,
+        seed=5,
+        run_id="bench",
+        sampling={"max_new_tokens": 4},
+    )
+    policy = load_policy(  # as run_actor loads it
+        config.policy,
+        sampling=config.sampling,
+        device=config.device,
+        backend=config.backend,
+        stop=getattr(make_env(config.env, config.max_turns), "stop_strings", None),
+        vllm=config.vllm,
+        seed=config.seed,
+    )
+    if args.warmup:
+        with tempfile.TemporaryDirectory() as warm:
+            update = {"store": warm, "groups": args.warmup, "seed": 1000, "run_id": "warm"}
+            run_actor(config.model_copy(update=update), policy=policy)
+    summary = run_actor(config, policy=policy)
+    figures = {
+        "steps": summary.steps,
+        "tokens": summary.tokens,  # reply tokens sampled
+        "steps_per_second": summary.steps_per_second,
+        "seconds_total": summary.seconds_total,
+        "seconds_generate": summary.seconds_generate,
+        "seconds_env": summary.seconds_env,
+    }
+    print(RESULT + json.dumps(figures), flush=True)
+
+
+def child(args, only: str, store: str) -> dict:
+    """Run one configuration in a process of its own (so one vLLM engine lives at a time)."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--only", only, "--store", store]
+    for name in (
+        "groups",
+        "group_size",
+        "k",
+        "policy",
+        "backend",
+        "device",
+        "vllm_memory",
+        "vllm_dtype",
+    ):
+        argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    lines = [x for x in done.stdout.splitlines() if x.startswith(RESULT)]
+    if done.returncode or not lines:
+        sys.stdout.write(done.stdout)
+        raise SystemExit(f"{only}: the child process failed (exit {done.returncode})")
+    return json.loads(lines[-1][len(RESULT) :])
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}–{max(values):.2f}]"
+
+
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--k", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed groups (other tasks) before each run"
+    )
+    parser.add_argument(
         "--policy", default="tiny", help="tiny, or smollm2-135m (tens of ms a turn)"
     )
     parser.add_argument(
         "--backend", default="auto", help="auto, transformers or vllm (vllm-cpu in .venv-vllm)"
     )
+    parser.add_argument("--device", default="auto")
     parser.add_argument(
         "--vllm-memory",
         type=float,
         default=0.15,
-        help="vLLM's memory share (on the CPU: of the RAM); two engines live in this process",
+        help="vLLM's memory share (on the CPU: of the RAM); one engine per child process",
     )
+    parser.add_argument(
+        "--vllm-dtype", default="float32", help="vLLM's dtype on the CPU (float32 or bfloat16)"
+    )
+    parser.add_argument("--only", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    results: dict[str, list[float]] = {}
+    if args.only:
+        play(args)
+        return
+
+    import polars as pl
+    import pyarrow as pa
+
+    from gagpo.schemas import columns as C
+    from gagpo.schemas.store import Store
+
+    results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     tables = {}
-    for _ in range(args.repeats):
-        for env in ("sokoban", "agent:benchmarks.bench_agent:sokoban"):
+    for repeat in range(args.repeats):
+        # Native first on even repeats, the endpoint first on odd ones: a load that comes
+        # and goes falls on both.
+        order = list(CONFIGS) if repeat % 2 == 0 else list(CONFIGS)[::-1]
+        for name in order:
             with tempfile.TemporaryDirectory() as store:
-                config = ActorConfig(
-                    store=store,
-                    env=env,
-                    policy=args.policy,
-                    backend=args.backend,
-                    vllm={"gpu_memory_utilization": args.vllm_memory},
-                    groups=args.groups,
-                    group_size=args.group_size,
-                    groups_in_flight=args.k,
-                    max_turns=MAX_TURNS,
-                    history_window=WINDOW,
-                    seed=5,
-                    run_id="bench",
-                    sampling={"max_new_tokens": 4},
+                figures = child(args, name, store)
+                results[name].append(figures)
+                print(
+                    f"repeat {repeat + 1} {name}: {figures['steps_per_second']:.2f} steps/s "
+                    f"({figures['steps']} steps, {figures['tokens'] / figures['steps']:.2f} "
+                    f"reply tokens a step, in {figures['seconds_total']:.1f} s, "
+                    f"{figures['seconds_generate']:.1f} s in the engine)",
+                    flush=True,
                 )
-                summary = run_actor(config)
-                results.setdefault(env, []).append(summary.steps_per_second)
                 s = Store(store)
-                tables[env] = pl.from_arrow(
+                tables[name] = pl.from_arrow(
                     pa.concat_tables([s.read_shard(r) for r in s.list_shards()])
                 )
     # What the policy saw and did, and what it earned (the observation column differs: the
@@ -118,30 +231,34 @@ def main() -> None:
         C.WON,
     ]
     native, agent = (
-        tables[e]
+        tables[name]
         .with_columns(
             pl.col(C.TRAJ_ID).str.split("-").list.last().alias("j"),
             pl.col(C.TASK_ID).str.split("-").list.last().alias("t"),
         )
         .select("t", "j", *cols)
         .sort("t", "j", C.STEP)
-        for e in tables
+        for name in CONFIGS
     )
     same = native.equals(agent)
     differ = [
         c for c in native.columns if len(native) == len(agent) and not native[c].equals(agent[c])
     ]
-    best = {env: max(v) for env, v in results.items()}
-    ratio = best["agent:benchmarks.bench_agent:sokoban"] / best["sokoban"]
     print(
         f"steps: {len(native)} native, {len(agent)} through the endpoint; identical steps: {same}"
         + (f" (columns that differ: {', '.join(differ)})" if differ else "")
     )
-    for env, value in best.items():
+    rate = {name: [f["steps_per_second"] for f in v] for name, v in results.items()}
+    for name, values in rate.items():
         print(
-            f"{env}: {value:.1f} steps/s (best of {args.repeats}: {', '.join(f'{v:.1f}' for v in results[env])})"
+            f"{CONFIGS[name]}: {max(values):.1f} steps/s best of {args.repeats}, median "
+            f"[min–max] {spread(values)} ({', '.join(f'{v:.2f}' for v in values)})"
         )
-    print(f"endpoint / native = {ratio:.2f}")
+    paired = [e / n for n, e in zip(rate["native"], rate["endpoint"], strict=True)]
+    print(
+        f"endpoint / native = {max(rate['endpoint']) / max(rate['native']):.2f} (best of each); "
+        f"per repeat, median [min–max] {spread(paired)}"
+    )
 
 
 if __name__ == "__main__":
