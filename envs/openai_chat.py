@@ -53,6 +53,7 @@ class Call:
     model: str
     max_tokens: int | None
     logprobs: bool
+    stop: tuple[str, ...] = ()  # OpenAI's `stop`: the reply ends where one of them appears
 
     def encode(self, policy) -> list[int]:
         """The prompt ids: the chat template applied to the messages (and tools) as sent,
@@ -68,17 +69,33 @@ class Call:
         return list(ids[-policy.prompt_budget :])
 
     def fit(self, sample, policy):
-        """The reply cut to the call's `max_tokens` (a prefix of a sample is a sample of the
-        shorter reply: its log-probs are unchanged)."""
-        if self.max_tokens is None or len(sample.token_ids) <= self.max_tokens:
+        """The reply cut to the call's `max_tokens`, then after the token that completes one
+        of its `stop` sequences (a prefix of a sample is a sample of the shorter reply: its
+        log-probs are unchanged). The recorded ids keep that token, as a backend that stops
+        at a newline keeps the newline; the content answered leaves the sequence out
+        (`respond`), as OpenAI does."""
+        ids, logprobs = sample.token_ids, sample.logprobs
+        if self.max_tokens is not None:
+            ids, logprobs = ids[: self.max_tokens], logprobs[: self.max_tokens]
+        decode = lambda part: policy.tokenizer.decode(part, skip_special_tokens=True)  # noqa: E731
+        if self.stop and any(s in decode(ids) for s in self.stop):
+            end = next(
+                k for k in range(1, len(ids) + 1) if any(s in decode(ids[:k]) for s in self.stop)
+            )
+            ids, logprobs = ids[:end], logprobs[:end]
+        if len(ids) == len(sample.token_ids):
             return sample
-        ids, logprobs = sample.token_ids[: self.max_tokens], sample.logprobs[: self.max_tokens]
-        text = policy.tokenizer.decode(ids, skip_special_tokens=True)
-        return dataclasses.replace(sample, text=text, token_ids=ids, logprobs=logprobs)
+        return dataclasses.replace(sample, text=decode(ids), token_ids=ids, logprobs=logprobs)
+
+    def _content(self, text: str) -> tuple[str, bool]:
+        """The reply's text before its first stop sequence, and whether one ended it."""
+        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return (text[: min(cuts)], True) if cuts else (text, False)
 
     def respond(self, prompt: list[int], sample, version: int, policy) -> dict:
         """The OpenAI chat completion answering this call with `sample`."""
-        content, tool_calls = parse_reply(sample.text, self.tools, self.turn)
+        text, stopped = self._content(sample.text)
+        content, tool_calls = parse_reply(text, self.tools, self.turn)
         tokenizer = policy.tokenizer
         cap = policy.sampling.max_new_tokens
         if self.max_tokens is not None:
@@ -88,7 +105,7 @@ class Call:
             "tool_calls"
             if tool_calls
             else "length"
-            if len(sample.token_ids) >= cap and not ended
+            if len(sample.token_ids) >= cap and not (ended or stopped)
             else "stop"
         )
         message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -156,6 +173,18 @@ def read_request(
         raise RequestError(
             400, f"max_tokens={max_tokens!r} is not valid; accepted: an integer >= 1"
         )
+    asked_stop = body.get("stop")
+    stop = (asked_stop,) if isinstance(asked_stop, str) else asked_stop
+    if stop is not None and not (
+        isinstance(stop, list | tuple)
+        and 0 < len(stop) <= 4
+        and all(isinstance(x, str) and x for x in stop)
+    ):
+        raise RequestError(
+            400,
+            f"stop={asked_stop!r} is not valid; accepted: a non-empty string or a list of 1 "
+            "to 4 of them",
+        )
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise RequestError(400, f"logprobs={logprobs!r} is not valid; accepted: true or false")
@@ -175,6 +204,7 @@ def read_request(
         model=model,
         max_tokens=max_tokens,
         logprobs=logprobs,
+        stop=tuple(stop or ()),
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import polars as pl
@@ -256,11 +257,51 @@ def test_requests_are_checked_and_unknown_fields_ignored():
         ({"temperature": "hot"}, 400, "temperature='hot' is not valid"),
         ({"max_tokens": 0}, 400, "max_tokens=0 is not valid"),
         ({"tools": [{"type": "function"}]}, 400, "tools must be a list"),
+        ({"stop": ""}, 400, "stop='' is not valid"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, 400, "a list of 1 to 4 of them"),
+        ({"stop": 7}, 400, "stop=7 is not valid"),
     ]
     for change, status, line in cases:
         with pytest.raises(RequestError, match=line.replace("(", r"\(")) as info:
             read_request(ok | change, model="policy", turn=0)
         assert info.value.status == status
+
+
+class _Pieces:
+    """A tokenizer whose ids are pieces of text (enough for cutting replies)."""
+
+    eos_token_id = 0
+    pieces: ClassVar[dict[int, str]] = {0: "", 1: "up", 2: "\n", 3: "E", 4: "ND", 5: "x"}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.pieces[i] for i in ids)
+
+
+class _Policy:
+    tokenizer = _Pieces()
+    sampling = type("Sampling", (), {"max_new_tokens": 6})()
+
+
+def test_stop_cuts_the_reply_after_the_token_that_completes_it():
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}]}
+    assert read_request(body | {"stop": "\n"}, model="m", turn=0).stop == ("\n",)
+    assert read_request(body, model="m", turn=0).stop == ()
+    sample = Sample(
+        text="up\nxEND", token_ids=[1, 2, 5, 3, 4], logprobs=[-0.1, -0.2, -0.3, -0.4, -0.5]
+    )
+    call = read_request(body | {"stop": ["END", "\n"]}, model="m", turn=0)
+    cut = call.fit(sample, _Policy())
+    assert (cut.token_ids, cut.logprobs, cut.text) == ([1, 2], [-0.1, -0.2], "up\n")
+    reply = call.respond([9, 9], cut, 3, _Policy())["choices"][0]
+    assert (reply["message"]["content"], reply["finish_reason"]) == ("up", "stop")
+    # A sequence spread over two tokens ends the reply at its second token.
+    spread = read_request(body | {"stop": "END"}, model="m", turn=0).fit(sample, _Policy())
+    assert (spread.token_ids, spread.text) == ([1, 2, 5, 3, 4], "up\nxEND")
+    no_stop = Sample(text="upx", token_ids=[1, 5], logprobs=[-0.1, -0.3])
+    assert call.fit(no_stop, _Policy()) is no_stop
+    # max_tokens cuts first: a stop sequence after the cut is not reached.
+    capped = read_request(body | {"stop": "END", "max_tokens": 2}, model="m", turn=0)
+    assert capped.fit(sample, _Policy()).token_ids == [1, 2]
 
 
 def test_the_observation_is_what_is_new_since_the_last_reply():
