@@ -76,7 +76,7 @@ def view_statements(gamma: float) -> Iterable[str]:
             ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS in_block
         FROM blocked
     ), block_totals AS (
-        SELECT traj_id, block, sum(reward * pow({g}, pos)) AS total
+        SELECT traj_id, block, sum(reward * pow({g}, pos) ORDER BY step) AS total
         FROM blocked GROUP BY traj_id, block
     )
     SELECT s.group_id, s.traj_id, s.step, s.state_key,
@@ -93,7 +93,7 @@ def view_statements(gamma: float) -> Iterable[str]:
            any_value(task_id) AS task_id,
            min(policy_version) AS policy_version,
            count(*) AS length,
-           sum(reward::DOUBLE) AS "return",
+           sum(reward::DOUBLE ORDER BY step) AS "return",  -- in step order: bit for bit
            arg_max(won, step) AS success,
            bool_or(won_derived) AS won_derived,
            arg_max(truncated, step) AS truncated,
@@ -120,9 +120,10 @@ def view_statements(gamma: float) -> Iterable[str]:
                min(policy_version) AS policy_version,
                count(*) AS rollouts,
                sum(length) AS steps,
-               avg(success::DOUBLE) AS success_rate,
-               avg("return") AS mean_return,
-               stddev_pop("return") AS std_return,
+               -- in rollout order: the same answer whatever the files' layout, bit for bit
+               avg(success::DOUBLE ORDER BY traj_id) AS success_rate,
+               avg("return" ORDER BY traj_id) AS mean_return,
+               stddev_pop("return" ORDER BY traj_id) AS std_return,
                min("return") AS min_return,
                max("return") AS max_return,
                min(started_at) AS started_at
@@ -183,8 +184,8 @@ def view_statements(gamma: float) -> Iterable[str]:
                sum(length) AS steps,
                count(*) AS trajectories,
                count(DISTINCT group_id) AS groups,
-               avg(success::DOUBLE) AS success_rate,
-               avg("return") AS mean_return,
+               avg(success::DOUBLE ORDER BY traj_id) AS success_rate,
+               avg("return" ORDER BY traj_id) AS mean_return,
                min(started_at) AS first_step_at,
                max(ended_at) AS last_step_at
         FROM trajectories GROUP BY policy_version
