@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -13,6 +12,7 @@ from gagpo.schemas.errors import GagpoError
 from gagpo.workflows.launch import Launcher, LocalLauncher, RayLauncher, launcher_for
 from gagpo.workflows.layout import Plan, Process
 from gagpo.workflows.run import RunConfig
+from tests.helpers.procs import alive
 
 
 def _python(code: str) -> list[str]:
@@ -26,14 +26,6 @@ FAIL = _python("import sys; print('gagpo-actors: error: no such task'); sys.exit
 def _pid(lines: list[str], prefix: str) -> list[int]:
     line = next(line for line in lines if line.startswith(prefix))
     return [int(p) for p in line.split("pid")[-1].strip(" s()").split(", ")]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_both_launchers_hold_the_contract():
@@ -62,7 +54,7 @@ def test_the_local_launcher_returns_the_learners_code_and_stops_the_actors():
     assert launcher.run(plan) == 3
     assert time.monotonic() - start < 60  # the actors' SIGTERM, not their 300 s
     actors = _pid(lines, "2 actor(s) started")
-    assert len(actors) == 2 and all(_gone(pid) for pid in actors)  # stopped and reaped
+    assert len(actors) == 2 and all(not alive(pid) for pid in actors)  # stopped and reaped
     assert "[learner] trained" in lines
 
 
@@ -75,7 +67,7 @@ def test_a_run_whose_actors_all_failed_raises_with_their_lines():
         "every actor exited with an error, so the learner was stopped; actor 0, actor 1 "
         "exited with 2: gagpo-actors: error: no such task"
     )
-    assert _gone(_pid(lines, "learner started")[0])
+    assert not alive(_pid(lines, "learner started")[0])
 
 
 def test_the_local_launcher_refuses_gpus_this_machine_lacks(monkeypatch):

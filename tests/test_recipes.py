@@ -18,6 +18,7 @@ from gagpo.learner.config import LearnerConfig
 from gagpo.schemas.config import ActorConfig, load_config
 from gagpo.schemas.store import Store
 from gagpo.workflows.run import RunConfig, recipe_path, shipped, warmstart_config
+from tests.helpers.procs import alive
 
 GAGPO = [sys.executable, "-m", "gagpo.workflows.cli"]
 RECIPES = ("demo", "tiny", "sokoban", "household", "textworld", "alfworld")
@@ -123,14 +124,6 @@ poll_interval_s = 0.2
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 def test_sigint_stops_every_process_and_tears_nothing(tmp_path: Path):
     recipe = tmp_path / "r.toml"
@@ -158,7 +151,7 @@ def test_sigint_stops_every_process_and_tears_nothing(tmp_path: Path):
     out = proc.communicate(timeout=180)[0]
     assert proc.returncode == 130, out[-2000:]
     assert "interrupted" in out
-    assert not [pid for pid in pids if _alive(pid)]  # no orphan
+    assert not [pid for pid in pids if alive(pid)]  # no orphan
     # Nothing torn: no temporary file left, every shard valid, LATEST complete.
     assert not [p for p in store_dir.rglob(".tmp-*")]
     for ref in store.list_shards():
@@ -192,7 +185,7 @@ def test_ctrl_c_while_the_processes_start_is_no_traceback(tmp_path: Path):
     out = "".join(lines) + proc.communicate(timeout=180)[0]
     assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
-    assert len(pids) == 3 and not [pid for pid in pids if _alive(pid)]
+    assert len(pids) == 3 and not [pid for pid in pids if alive(pid)]
 
 
 def test_run_prints_its_summary_when_the_learner_stops_early(tmp_path: Path, monkeypatch):
