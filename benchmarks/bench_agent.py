@@ -190,11 +190,7 @@ def main() -> None:
         play(args)
         return
 
-    import polars as pl
-    import pyarrow as pa
-
-    from gagpo.schemas import columns as C
-    from gagpo.schemas.store import Store
+    from tests.helpers.steps import played, steps_of  # the check of the agent test
 
     results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     tables = {}
@@ -213,33 +209,8 @@ def main() -> None:
                     f"{figures['seconds_generate']:.1f} s in the engine)",
                     flush=True,
                 )
-                s = Store(store)
-                tables[name] = pl.from_arrow(
-                    pa.concat_tables([s.read_shard(r) for r in s.list_shards()])
-                )
-    # What the policy saw and did, and what it earned (the observation column differs: the
-    # agent's is the message it sent, admissible commands included).
-    cols = [
-        C.STEP,
-        C.STATE_KEY,
-        C.PROMPT_IDS,
-        C.ACTION_IDS,
-        C.BEHAVIOR_LOGPROBS,
-        C.REWARD,
-        C.DONE,
-        C.TRUNCATED,
-        C.WON,
-    ]
-    native, agent = (
-        tables[name]
-        .with_columns(
-            pl.col(C.TRAJ_ID).str.split("-").list.last().alias("j"),
-            pl.col(C.TASK_ID).str.split("-").list.last().alias("t"),
-        )
-        .select("t", "j", *cols)
-        .sort("t", "j", C.STEP)
-        for name in CONFIGS
-    )
+                tables[name] = played(steps_of(Path(store)))
+    native, agent = (tables[name] for name in CONFIGS)
     same = native.equals(agent)
     differ = [
         c for c in native.columns if len(native) == len(agent) and not native[c].equals(agent[c])

@@ -28,7 +28,7 @@ from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
 from tests.helpers.actors import actor_config
-from tests.helpers.steps import steps_of
+from tests.helpers.steps import played, steps_of
 from tests.helpers.versions import fresh_logprobs, perturbed_copy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -105,27 +105,7 @@ def test_an_environment_wrapped_as_an_agent_plays_the_native_steps(tmp_path: Pat
                 tmp_path / env, env=env, groups=2, group_size=2, max_turns=4, history_window=1
             )
         )
-    cols = [
-        C.STEP,
-        C.STATE_KEY,
-        C.PROMPT_IDS,
-        C.ACTION_IDS,
-        C.BEHAVIOR_LOGPROBS,
-        C.REWARD,
-        C.DONE,
-        C.TRUNCATED,
-        C.WON,
-    ]
-    native, agent = (
-        steps_of(tmp_path / env)
-        .with_columns(
-            pl.col(C.TASK_ID).str.split("-").list.last(),
-            pl.col(C.TRAJ_ID).str.split("-").list.last(),
-        )
-        .select(C.TASK_ID, C.TRAJ_ID, *cols)
-        .sort(C.TASK_ID, C.TRAJ_ID, C.STEP)
-        for env in ("sokoban", wrapped)
-    )
+    native, agent = (played(steps_of(tmp_path / env)) for env in ("sokoban", wrapped))
     assert len(native) > 4 and native.equals(agent)
 
 

@@ -62,3 +62,32 @@ def steps_of(store: Path) -> pl.DataFrame:
     s = Store(str(store))
     tables = [s.read_shard(ref) for ref in s.list_shards()]  # validates each shard
     return pl.from_arrow(pa.concat_tables(tables)).sort(C.TASK_ID, C.TRAJ_ID, C.STEP)
+
+
+# What the policy saw and did, and what it earned: the columns on which an environment
+# played natively and the same one played through the agent endpoint must agree (the
+# observation differs: the agent's is the message it sent).
+PLAYED = (
+    C.STEP,
+    C.STATE_KEY,
+    C.PROMPT_IDS,
+    C.ACTION_IDS,
+    C.BEHAVIOR_LOGPROBS,
+    C.REWARD,
+    C.DONE,
+    C.TRUNCATED,
+    C.WON,
+)
+
+
+def played(steps: pl.DataFrame) -> pl.DataFrame:
+    """`steps` reduced to what was played, keyed by task seed and rollout index (the ids'
+    last parts; the environment's name in them differs), in (task, rollout, step) order."""
+    return (
+        steps.with_columns(
+            pl.col(C.TASK_ID).str.split("-").list.last(),
+            pl.col(C.TRAJ_ID).str.split("-").list.last(),
+        )
+        .select(C.TASK_ID, C.TRAJ_ID, *PLAYED)
+        .sort(C.TASK_ID, C.TRAJ_ID, C.STEP)
+    )
