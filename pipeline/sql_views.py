@@ -18,6 +18,7 @@ VIEWS = {
     "advantages": "one step under one estimator tag (advantages table + estimator)",
     "estimators": "one advantage tag: estimator name, JSON parameters, shard files",
     "step_returns": "one step: discounted return-to-go at the session's gamma",
+    "prompt_drift": "one step: does its prompt extend the previous step's prompt and action",
     "trajectories": "one rollout: return, success (= won), length, policy version",
     "groups": "one group: success rate, return spread, singleton states",
     "state_pools": "one (estimator, group, state): visits, its pool under the grouping, value proxy",
@@ -41,6 +42,44 @@ def _return_block(gamma: float) -> int:
     if gamma <= 0.0:
         return 1
     return max(1, math.floor(230.0 / -math.log(gamma)))
+
+
+# The drift audit (issue 38). An agent sends its whole conversation every turn, so step t's
+# prompt should begin with step t-1's prompt_ids + action_ids; where it does, the learner
+# encodes both in one segment. It does not where the sampled reply did not survive the
+# round trip through text and the chat template (retokenization drift), or the agent edited
+# its history: a break. `shared_tokens` says how far the prompt follows the previous turn
+# (per token only on a break; the prefix test already answers it elsewhere). Partitioned
+# by group as well as rollout, so a filter on group_id reaches the scans through the window
+# (the group page of `gagpo view` reads one group). Its own view, not a column of `steps`:
+# the window sorts every prompt, which a plain read of `steps` should never pay for.
+PROMPT_DRIFT = f"""
+    CREATE VIEW prompt_drift AS
+    WITH turns AS (
+        SELECT {C.RUN_ID}, {C.GROUP_ID}, {C.TRAJ_ID}, {C.STEP}, {C.ENV}, {C.POLICY_VERSION},
+               {C.PROMPT_IDS} AS prompt,
+               lag({C.PROMPT_IDS} || {C.ACTION_IDS}) OVER (
+                   PARTITION BY {C.GROUP_ID}, {C.TRAJ_ID} ORDER BY {C.STEP}) AS previous
+        FROM steps
+    ), tested AS (
+        SELECT *, len(prompt) >= len(previous) AND prompt[1:len(previous)] = previous
+                  AS extends_previous
+        FROM turns
+    )
+    SELECT {C.RUN_ID}, {C.GROUP_ID}, {C.TRAJ_ID}, {C.STEP}, {C.ENV}, {C.POLICY_VERSION},
+           len(prompt) AS prompt_tokens,
+           len(previous) AS previous_tokens,
+           extends_previous,
+           CASE WHEN extends_previous THEN len(previous)
+                WHEN NOT extends_previous THEN coalesce(
+                    list_position(
+                        list_transform(range(1, least(len(prompt), len(previous)) + 1),
+                                       lambda i: prompt[i] != previous[i]),
+                        true) - 1,
+                    least(len(prompt), len(previous)))
+           END AS shared_tokens
+    FROM tested
+"""
 
 
 def view_statements(gamma: float) -> Iterable[str]:
@@ -86,6 +125,7 @@ def view_statements(gamma: float) -> Iterable[str]:
     FROM suffix s
     LEFT JOIN block_totals b ON b.traj_id = s.traj_id AND b.block = s.block + 1
     """
+    yield PROMPT_DRIFT
     yield """
     CREATE VIEW trajectories AS
     SELECT run_id, shard_id, group_id, traj_id,

@@ -10,7 +10,9 @@ A group page reads that group's rows only: `WHERE group_id = ?`, which DuckDB pu
 down into the scans (the archive's segments are sorted by group id, so their row-group
 statistics skip the rest: benchmarks/bench_view.py shows one row group read of the
 store's). Values from the URL enter queries as prepared-statement parameters, never as
-SQL text (`check_id` still gives a bad one its one-line 400).
+SQL text (`check_id` still gives a bad one its one-line 400). The page's prompt breaks come
+from the `prompt_drift` view read the same way: its window is partitioned by group and
+rollout, so the filter on group_id reaches the scans through it.
 
 The pools page reads counts (each tag's steps per stored pool size) and the states and
 value proxies of the pools it shows only: it never builds every pool's return
@@ -287,6 +289,28 @@ def group_steps(session: StoreSession, group_id: str) -> pa.Table:
     return table
 
 
+# The drift audit of the `prompt_drift` view, per step of the group.
+DRIFT_COLUMNS = ("extends_previous", "shared_tokens", "previous_tokens", "prompt_tokens")
+
+
+def group_drift(session: StoreSession, group_id: str) -> pl.DataFrame:
+    """traj_id, step, DRIFT_COLUMNS and `prompt_break` of the group's steps.
+
+    A break is a step whose prompt does not begin with the previous step's prompt and
+    action, in a group that carries its history (at least one of its prompts does; its
+    rollouts played one task with one agent): an environment that shows each turn on its
+    own (Sokoban's board) extends no prompt, and marking every one of its turns would say
+    nothing."""
+    table = session.query(
+        f"SELECT traj_id, step, {', '.join(DRIFT_COLUMNS)} FROM prompt_drift WHERE group_id = ?",
+        [group_id],
+    )
+    extends = pl.col("extends_previous")
+    return pl.from_arrow(table).with_columns(  # type: ignore[union-attr]
+        (extends.not_() & extends.any()).fill_null(False).alias("prompt_break")
+    )
+
+
 def estimator_choice(choice: str, params: dict[str, Any]) -> tuple[str | None, Any]:
     """(stored tag, None) for `stored:<tag>`, else (None, the validated estimator config)
     from the page's parameters; a bad value is one GagpoError line."""
@@ -345,7 +369,8 @@ def group_view(session: StoreSession, group_id: str, choice: str, params: dict) 
     steps = group_steps(session, group_id)
     advantages = group_advantages(session, steps, tag, config)
     frame = pl.from_arrow(steps).join(advantages, on=[C.TRAJ_ID, C.STEP], how="left")  # type: ignore[union-attr]
-    frame = frame.sort(C.TRAJ_ID, C.STEP)
+    drift = group_drift(session, group_id)
+    frame = frame.join(drift, on=[C.TRAJ_ID, C.STEP], how="left").sort(C.TRAJ_ID, C.STEP)
     pools = (
         frame.group_by(POOL_ID)
         .agg(
@@ -380,6 +405,11 @@ def group_view(session: StoreSession, group_id: str, choice: str, params: dict) 
             "params": {} if config is None else config.params(),
         },
         "summary": credit_summary(frame[C.ADVANTAGE].drop_nulls()),
+        "drift": {  # steps with a previous one, and the breaks marked among them
+            "tested": int(frame["extends_previous"].count()),
+            "breaks": int(frame["prompt_break"].sum()),
+            "carries_history": bool(frame["extends_previous"].any()),
+        },
         "rollouts": rollouts,
         "pools": [
             {**row, "members": [_member(m) for m in row["members"]]}
@@ -411,6 +441,8 @@ def _step(row: dict) -> dict:
         "truncated": row[C.TRUNCATED],
         "tokens": [[i, lp] for i, lp in zip(ids, logprobs, strict=False)] if logprobs else [],
         **{name: row[name] for name in ADVANTAGE_COLUMNS},
+        **{name: row[name] for name in DRIFT_COLUMNS},
+        "prompt_break": row["prompt_break"],
     }
 
 

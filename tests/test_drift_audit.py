@@ -1,0 +1,298 @@
+"""The drift audit (issue 38): the `prompt_drift` view says, for every step, whether its
+prompt begins with the previous step's prompt_ids + action_ids, and `gagpo view`'s group
+page marks the steps where it does not. Both are checked against a brute-force reading of
+the prefix property in Python, over conversations that keep their history, drift (a reply
+re-tokenized), edit or cut it, and environments that carry no history at all."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from gagpo.pipeline import sql
+from gagpo.pipeline import sql_sources as src
+from gagpo.pipeline.view.data import StoreSession, group_view
+from gagpo.schemas import columns as C
+from gagpo.schemas.archive import step_files
+from gagpo.schemas.compaction import compact
+from gagpo.schemas.store import Store
+from tests.helpers.sql import rollout
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "inspect.md"
+SYSTEM = [101, 102, 103]  # the system prompt and task every conversation begins with
+
+
+# --- conversations, turn by turn -------------------------------------------------------
+def keeps_history(turns: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt_ids, action_ids) per turn of an agent that sends its whole history."""
+    rng = random.Random(seed)
+    prompt, out = list(SYSTEM), []
+    for _ in range(turns):
+        prompt = prompt + [rng.randrange(200, 300) for _ in range(rng.randrange(1, 4))]
+        action = [rng.randrange(300, 400) for _ in range(rng.randrange(1, 4))]
+        out.append((prompt, action))
+        prompt = prompt + action
+    return out
+
+
+def drifting(turns: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """A history-keeping conversation whose every turn may drift: the last reply
+    re-tokenized (its last token changed), a token of the history edited, the oldest
+    tokens cut, the history dropped (only the system prompt and a new message), a prompt
+    that ends inside the previous turn, or no new message at all."""
+    rng = random.Random(seed)
+    prompt, action = list(SYSTEM), [rng.randrange(300, 400)]
+    out = [(prompt, action)]
+    for _ in range(turns - 1):
+        history = prompt + action
+        cut = rng.randrange(1, len(history)) if len(history) > 1 else 1  # keeps a token
+        kind = rng.choice(
+            ["extend", "extend", "retokenize", "edit", "cut", "drop", "short", "same"]
+        )
+        if kind == "retokenize":
+            history = [*history[:-1], history[-1] + 1000]
+        elif kind == "edit":
+            i = rng.randrange(len(history))
+            history = [*history[:i], history[i] + 1000, *history[i + 1 :]]
+        elif kind == "cut":
+            history = history[cut:] or history
+        elif kind == "drop":
+            history = list(SYSTEM)
+        elif kind == "short":
+            history = history[:cut]
+        new = [] if kind in ("same", "short") else [rng.randrange(200, 300)]
+        prompt, action = history + new, [rng.randrange(300, 400) for _ in range(rng.randrange(3))]
+        out.append((prompt, action))
+    return out
+
+
+def no_history(turns: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """An environment that shows each turn on its own (Sokoban's board): system + state."""
+    rng = random.Random(seed)
+    return [([*SYSTEM, rng.randrange(200, 300)], [rng.randrange(300, 400)]) for _ in range(turns)]
+
+
+HAND_MADE = {  # (prompt_ids, action_ids) per turn; the breaks are written beside each
+    "retokenized": [
+        ([1, 2], [7, 8]),
+        ([1, 2, 7, 8, 3], [9]),  # extends
+        ([1, 2, 7, 8, 3, 99, 4], [5]),  # the reply [9] came back as [99]: shares 5 of 6
+        ([1, 2, 7, 8, 3, 99, 4, 5], []),  # extends the drifted prompt again
+        ([1, 2, 7, 8, 3, 99, 4, 5], [6]),  # after an empty action, no new message: extends
+    ],
+    "edited": [
+        ([1, 2], [3]),
+        ([0, 2, 3, 4], [5]),  # the system prompt edited: shares 0 of 3
+        ([0, 2, 3, 4], [5]),  # the history cut short: shares all 4 of its tokens, of 5
+    ],
+}
+HAND_BREAKS = {  # (traj, step) -> (extends_previous, shared_tokens, previous_tokens)
+    ("retokenized", 1): (True, 4, 4),
+    ("retokenized", 2): (False, 5, 6),
+    ("retokenized", 3): (True, 8, 8),
+    ("retokenized", 4): (True, 8, 8),
+    ("edited", 1): (False, 0, 3),
+    ("edited", 2): (False, 4, 5),
+}
+
+
+def group_rows(
+    group: str, conversations: dict[str, list[tuple[list[int], list[int]]]], run: str
+) -> list[dict]:
+    """Valid step rows of one group: each rollout's turns as given (a reward at the end)."""
+    rows = []
+    for traj, turns in conversations.items():
+        states = [f"{traj}-s{t}" for t in range(len(turns))]
+        rewards = [0.0] * (len(turns) - 1) + [1.0]
+        for row, (prompt, action) in zip(
+            rollout(group, traj, states, rewards, shard=f"sh-{group}", env="chat", version=0),
+            turns,
+            strict=True,
+        ):
+            row.update(
+                {
+                    C.RUN_ID: run,
+                    C.PROMPT_IDS: prompt,
+                    C.ACTION_IDS: action,
+                    C.BEHAVIOR_LOGPROBS: [-0.5] * len(action),
+                }
+            )
+            rows.append(row)
+    return rows
+
+
+GROUPS = {  # group -> (run, its rollouts' conversations); G = 2
+    "g-hand": ("r1", HAND_MADE),
+    "g-keep": ("r1", {"k0": keeps_history(6, 0), "k1": keeps_history(3, 1)}),
+    "g-native": ("r2", {"n0": no_history(5, 2), "n1": no_history(4, 3)}),
+    **{
+        f"g-drift{i}": ("r2", {f"d{i}a": drifting(12, 10 + i), f"d{i}b": drifting(9, 20 + i)})
+        for i in range(4)
+    },
+}
+
+
+def build_store(root: Path) -> Store:
+    """One shard per group."""
+    store = Store(str(root))
+    for group, (run, conversations) in GROUPS.items():
+        table = pa.Table.from_pylist(group_rows(group, conversations, run), schema=C.STEPS_SCHEMA)
+        store.write_shard(table, group_size=2)
+    return store
+
+
+# --- the reference: the prefix property, read literally --------------------------------
+def brute_force() -> dict[tuple[str, int], tuple[bool | None, int | None, int | None]]:
+    """(traj, step) -> (extends_previous, shared_tokens, previous_tokens) of every step."""
+    out = {}
+    for _, conversations in GROUPS.values():
+        for traj, turns in conversations.items():
+            for t, (prompt, _) in enumerate(turns):
+                if t == 0:
+                    out[(traj, t)] = (None, None, None)
+                    continue
+                previous = turns[t - 1][0] + turns[t - 1][1]
+                shared = 0
+                while shared < min(len(prompt), len(previous)) and (
+                    prompt[shared] == previous[shared]
+                ):
+                    shared += 1
+                out[(traj, t)] = (prompt[: len(previous)] == previous, shared, len(previous))
+    return out
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    return build_store(tmp_path_factory.mktemp("drift") / "store")
+
+
+def audit(store: Store) -> dict[tuple[str, int], tuple]:
+    table = sql.query_store(
+        store,
+        "SELECT traj_id, step, extends_previous, shared_tokens, previous_tokens, prompt_tokens "
+        "FROM prompt_drift",
+    )
+    return {
+        (r["traj_id"], r["step"]): (r["extends_previous"], r["shared_tokens"], r["previous_tokens"])
+        for r in table.to_pylist()
+    }
+
+
+def test_the_cases_break_where_they_should():
+    expected = brute_force()
+    for key, value in HAND_BREAKS.items():
+        assert expected[key] == value, key  # the reference reads the hand-made turns so
+    breaks = [k for k, (extends, _, _) in expected.items() if extends is False]
+    kept = [k for k, (extends, _, _) in expected.items() if extends is True]
+    assert len(breaks) >= 20 and len(kept) >= 20  # both kinds, in numbers
+    assert all(expected[(t, s)][0] for t in ("k0", "k1") for s in range(1, 3))
+
+
+def test_prompt_drift_equals_the_brute_force_prefix_check(store):
+    assert audit(store) == brute_force()
+
+
+def test_prompt_drift_reads_the_archive_as_it_reads_the_inbox(tmp_path):
+    store = build_store(tmp_path / "store")
+    before = audit(store)
+    compact(store, store.list_shards()[:4], None)  # segments, which DuckDB reads itself
+    files = step_files(store)
+    assert files.segments and files.shards  # the archive and the inbox both hold groups
+    assert src.native_segments(store, files)
+    assert audit(store) == before == brute_force()
+
+
+def test_prompt_drift_columns_and_first_steps(store):
+    table = sql.query_store(store, "SELECT * FROM prompt_drift ORDER BY traj_id, step")
+    assert table.column_names == [
+        C.RUN_ID,
+        C.GROUP_ID,
+        C.TRAJ_ID,
+        C.STEP,
+        C.ENV,
+        C.POLICY_VERSION,
+        "prompt_tokens",
+        "previous_tokens",
+        "extends_previous",
+        "shared_tokens",
+    ]
+    rows = table.to_pylist()
+    turns = {traj: t for _, c in GROUPS.values() for traj, t in c.items()}
+    assert len(rows) == sum(len(t) for t in turns.values())  # one row per step
+    for row in rows:
+        assert row["prompt_tokens"] == len(turns[row[C.TRAJ_ID]][row[C.STEP]][0])
+        if row[C.STEP] == 0:  # nothing before it: no verdict
+            assert row["extends_previous"] is None and row["previous_tokens"] is None
+
+
+def test_the_docs_query_counts_breaks_per_run(store):
+    text = DOCS.read_text(encoding="utf-8")
+    section = re.split(r"^### ", text, flags=re.M)
+    (drift,) = [s for s in section if s.startswith("Prompt drift")]
+    per_run, listed = re.findall(r"```sql\n(.*?)```", drift, flags=re.S)
+    got = {r[C.RUN_ID]: r for r in sql.query_store(store, per_run).to_pylist()}
+    expected: dict[str, list] = defaultdict(lambda: [0, 0])
+    reference = brute_force()
+    for run, conversations in GROUPS.values():
+        for traj, turns in conversations.items():
+            for t in range(1, len(turns)):
+                expected[run][0] += 1
+                expected[run][1] += reference[(traj, t)][0] is False
+    assert {run: [r["turns"], r["breaks"]] for run, r in got.items()} == expected
+    for row in got.values():
+        assert row["break_rate"] == pytest.approx(row["breaks"] / row["turns"])
+
+    group_of = {traj: group for group, (_, c) in GROUPS.items() for traj in c}
+    breaks = sorted(
+        (group_of[traj], traj, step, shared, previous)
+        for (traj, step), (extends, shared, previous) in reference.items()
+        if extends is False
+    )
+    got = [
+        (r[C.GROUP_ID], r[C.TRAJ_ID], r[C.STEP], r["shared_tokens"], r["previous_tokens"])
+        for r in sql.query_store(store, listed).to_pylist()
+    ]
+    assert got == breaks[:20]
+
+
+# --- gagpo view's group page -----------------------------------------------------------
+def test_the_group_page_marks_exactly_the_breaks_of_groups_with_history(store):
+    reference = brute_force()
+    session = StoreSession("drift", store.url)
+    try:
+        for group, (_, conversations) in GROUPS.items():
+            page = group_view(session, group, "grpo", {})
+            marked = {
+                (r["traj_id"], s["step"])
+                for r in page["rollouts"]
+                for s in r["steps"]
+                if s["prompt_break"]
+            }
+            verdicts = {k: v[0] for k, v in reference.items() if k[0] in conversations}
+            history = any(verdicts.values())  # a group whose agent carries its history
+            expected = {k for k, e in verdicts.items() if e is False} if history else set()
+            assert marked == expected, group
+            assert page["drift"] == {
+                "tested": sum(len(c) - 1 for c in conversations.values()),
+                "breaks": len(expected),
+                "carries_history": history,
+            }
+            for r in page["rollouts"]:
+                for s in r["steps"]:  # the numbers the mark's title gives
+                    extends, shared, previous = reference[(r["traj_id"], s["step"])]
+                    assert (s["extends_previous"], s["shared_tokens"], s["previous_tokens"]) == (
+                        extends,
+                        shared,
+                        previous,
+                    )
+        native = group_view(session, "g-native", "grpo", {})
+        assert native["drift"] == {"tested": 7, "breaks": 0, "carries_history": False}
+        hand = group_view(session, "g-hand", "grpo", {})  # every turn of "edited" breaks
+        assert hand["drift"] == {"tested": 6, "breaks": 3, "carries_history": True}
+    finally:
+        session.close()
