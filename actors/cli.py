@@ -33,11 +33,16 @@ def _progress_printer(total: int | None):
     task = progress.add_task("groups", total=total, stats="", clock="loading the policy")
 
     def update(summary) -> None:
+        # Called for lost groups too: until a group is written no version has played one.
+        version = f"v{max(summary.versions)}" if summary.versions else "-"
         stats = (
             f"{summary.steps} steps  {summary.steps_per_second:.1f} steps/s  "
-            f"success {summary.success_rate:.0%}  policy v{max(summary.versions)}  "
+            f"success {summary.success_rate:.0%}  policy {version}  "
             f"throttled {summary.seconds_throttled:.0f}s"
         )
+        lost = getattr(summary, "groups_lost", 0)
+        if lost:
+            stats += f"  lost {lost}"
         # The actor's own clock: it starts once the policy is loaded, not at the command.
         clock = f"{_duration(summary.seconds_total)} elapsed"
         if total and summary.groups:

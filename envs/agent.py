@@ -26,6 +26,7 @@ import inspect
 import math
 import os
 import queue
+import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,9 +120,21 @@ def read_outcome(result: object, turns: int) -> tuple[list[float], bool, bool]:
     else:
         raise AgentError(f"agent returned {_short(result)}; {accepted}")
     rewards = [*per_turn[:-1], per_turn[-1] + reward]
-    if not all(math.isfinite(x) for x in rewards):
-        raise AgentError(f"agent returned a reward that is not finite ({_short(result)})")
+    if not all(_is_float32(x) for x in rewards):  # rewards are stored as float32
+        raise AgentError(
+            f"agent returned a reward that is not finite as a float32 ({_short(result)}); "
+            "accepted: |reward| <= 3.4e38"
+        )
     return rewards, won, truncated
+
+
+def _is_float32(x: float) -> bool:
+    """Finite, and still finite once rounded to float32 (the steps table's reward type)."""
+    try:
+        struct.pack("<f", x)
+    except OverflowError:
+        return False
+    return math.isfinite(x)
 
 
 def _is_number(x: object) -> bool:

@@ -12,6 +12,14 @@ reply with the actor's policy (whatever its backend and batching) and the slot a
     POST /gagpo/v1/rollouts                agent+http: wait for a rollout to play; its base URL
     POST /gagpo/v1/rollouts/<token>/end    agent+http: close it with its reward
 
+What comes in is bounded: a body past its size (`MAX_CHAT_BYTES`, `MAX_CONTROL_BYTES`) is
+refused with a 413 once that much has been read, JSON nested past `MAX_JSON_DEPTH` with a
+400, and a handler that fails answers one line (500), never a traceback. agent+http's
+routes, and the chat calls of the rollouts it hands out, need the actor's token
+(`Authorization: Bearer <token>`, the `openai` client's `api_key`): a process that can
+reach the loopback port but was not given the token cannot claim, play or end a rollout.
+In-process agents never meet the check: their calls do not go through HTTP.
+
 Threads: uvicorn serves on a loop of its own; in-process agents run on another (a
 blocking agent then stalls the other agents, never the server), and their client reaches
 the same handlers without HTTP (`in_process`: same URLs, same replies); environment
@@ -22,7 +30,10 @@ slots block on a rollout's event queue. Starlette + uvicorn are the `view` extra
 from __future__ import annotations
 
 import asyncio
+import functools
+import hmac
 import json
+import os
 import queue
 import re
 import secrets
@@ -37,6 +48,18 @@ from typing import Any
 
 from gagpo.envs.openai_chat import Call, RequestError, read_request
 from gagpo.schemas.errors import GagpoError
+
+# A chat call carries the whole conversation (and its tools): 16 MiB is millions of tokens
+# of text. Claims and ends carry a few fields.
+MAX_CHAT_BYTES = 16 << 20
+MAX_CONTROL_BYTES = 64 << 10
+# Deep enough for any tool's JSON schema; shallow enough that nothing downstream (the chat
+# template, json.dumps) nears the interpreter's recursion limit.
+MAX_JSON_DEPTH = 64
+# The agent+http token: the actor's own (made here) unless this variable sets it, so that
+# whoever starts both the actor and its agent can give them the same one.
+TOKEN_VARIABLE = "GAGPO_AGENT_TOKEN"
+MIN_TOKEN_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -77,6 +100,7 @@ class Rollout:
     pending: asyncio.Future | None = None
     closed: str | None = None  # why, once closed
     agent: Future | None = None  # the in-process agent's task
+    external: bool = False  # offered to agent+http: its calls need the actor's token
 
 
 def one_line(exc: BaseException) -> str:
@@ -88,7 +112,9 @@ def one_line(exc: BaseException) -> str:
 class Endpoint:
     """The loopback server and the rollouts open on it; see the module docstring."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+        self.token = token or secrets.token_urlsafe(32)
+        self._token_told = False
         self._rollouts: dict[str, Rollout] = {}
         self._lock = threading.Lock()
         self._seats: asyncio.Queue | None = None  # agent+http: rollouts waiting for an agent
@@ -150,7 +176,25 @@ class Endpoint:
 
     def offer(self, rollout: Rollout) -> None:
         """agent+http: make `rollout` claimable by `POST /gagpo/v1/rollouts`."""
+        rollout.external = True
+        self._tell_token()
         self.loop.call_soon_threadsafe(self._seats.put_nowait, rollout)  # type: ignore[union-attr]
+
+    def _tell_token(self) -> None:
+        """Print the token agent+http needs, once per process, when a rollout first needs it
+        (in-process agents never do, so their runs print no secret)."""
+        with self._lock:
+            if self._token_told:
+                return
+            self._token_told = True
+        given = os.environ.get(TOKEN_VARIABLE) == self.token
+        print(
+            f"agent+http token: {'the one in $' + TOKEN_VARIABLE if given else self.token} "
+            "(send it as 'Authorization: Bearer <token>', the openai client's api_key, "
+            "on claim, chat and end)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def answer(self, turn: Turn, reply: dict) -> None:
         """Reply to a held call (from the slot's thread), on the loop that holds it."""
@@ -209,14 +253,23 @@ class Endpoint:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
+        routes = [
+            ("/r/{token}/v1/chat/completions", self._completions, "POST"),
+            ("/r/{token}/v1/models", self._models, "GET"),
+            ("/v1/models", self._models, "GET"),
+            ("/gagpo/v1/rollouts", self._claim, "POST"),
+            ("/gagpo/v1/rollouts/{token}/end", self._end, "POST"),
+        ]
         return Starlette(
-            routes=[
-                Route("/r/{token}/v1/chat/completions", self._completions, methods=["POST"]),
-                Route("/r/{token}/v1/models", self._models, methods=["GET"]),
-                Route("/v1/models", self._models, methods=["GET"]),
-                Route("/gagpo/v1/rollouts", self._claim, methods=["POST"]),
-                Route("/gagpo/v1/rollouts/{token}/end", self._end, methods=["POST"]),
-            ]
+            routes=[Route(path, _guarded(handler), methods=[m]) for path, handler, m in routes]
+        )
+
+    def _authorized(self, request) -> bool:
+        """The request carries the actor's token (`Authorization: Bearer <token>`); compared
+        in constant time, so its answer times say nothing of the token."""
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), self.token.encode()
         )
 
     async def _models(self, request):
@@ -227,7 +280,15 @@ class Endpoint:
     async def _completions(self, request):
         from starlette.responses import JSONResponse
 
-        status, payload = await self.chat(request.path_params["token"], await request.body())
+        token = request.path_params["token"]
+        rollout = self._rollouts.get(token)
+        if rollout is not None and rollout.external and not self._authorized(request):
+            return _unauthorized()
+        try:
+            body = await read_body(request, MAX_CHAT_BYTES)
+        except RequestError as exc:
+            return _error_response(exc.status, str(exc))
+        status, payload = await self.chat(token, body)
         return JSONResponse(payload, status_code=status)
 
     # -- the handlers (on the loop of whoever calls: the server, or an in-process agent) --
@@ -250,12 +311,11 @@ class Endpoint:
         if rollout is None:
             return _error(404, "no open rollout at this URL (it ended, or its group was lost)")
         try:
-            request = json.loads(body)
-        except ValueError:
-            return _error(400, "the request body is not JSON")
-        try:
             call = read_request(
-                request, model=rollout.model, turn=rollout.turns, key_fn=rollout.key_fn
+                read_json(body, MAX_CHAT_BYTES),
+                model=rollout.model,
+                turn=rollout.turns,
+                key_fn=rollout.key_fn,
             )
         except RequestError as exc:
             return _error(exc.status, str(exc))
@@ -284,10 +344,13 @@ class Endpoint:
     async def _claim(self, request):
         from starlette.responses import JSONResponse
 
+        if not self._authorized(request):
+            return _unauthorized()
         try:
-            body = await request.json() if await request.body() else {}
-        except ValueError:
-            return _error_response(400, "the request body is not JSON")
+            raw = await read_body(request, MAX_CONTROL_BYTES)
+            body = read_json(raw, MAX_CONTROL_BYTES) if raw.strip() else {}
+        except RequestError as exc:
+            return _error_response(exc.status, str(exc))
         wait_s = body.get("wait_s", 30.0) if isinstance(body, dict) else None
         if (
             not isinstance(wait_s, int | float)
@@ -319,26 +382,132 @@ class Endpoint:
     async def _end(self, request):
         from starlette.responses import JSONResponse
 
+        if not self._authorized(request):
+            return _unauthorized()
         rollout = self._rollout(request)
         if rollout is None:
             return _error_response(
                 404, "no open rollout with this id (it ended, or its group was lost)"
             )
         try:
-            body = await request.json()
-        except ValueError:
-            return _error_response(400, "the request body is not JSON")
+            event = read_end(read_json(await read_body(request, MAX_CONTROL_BYTES)), rollout.turns)
+        except RequestError as exc:
+            return _error_response(exc.status, str(exc))
         if rollout.pending is not None:
             return _error_response(
                 409, "the rollout has a call in progress; end it after its reply"
             )
-        if isinstance(body, dict) and body.get("error") is not None:
-            rollout.events.put(
-                Failed(f"the agent gave up: {str(body['error']).splitlines()[0][:300]}")
-            )
-        else:
-            rollout.events.put(Ended(body))
+        rollout.events.put(event)
         return JSONResponse({"ok": True})
+
+
+# -- what comes in ---------------------------------------------------------------------
+
+
+async def read_body(request, limit: int) -> bytes:
+    """The request's body, read as it arrives and refused (413) once past `limit` bytes: a
+    body that says it is bigger is not read at all, one that does not is read no further."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, _too_big(limit))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, _too_big(limit))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_big(limit: int) -> str:
+    return f"the request body is over {limit >> 10} KiB; accepted: at most {limit} bytes"
+
+
+def read_json(body: bytes, limit: int = MAX_CONTROL_BYTES) -> Any:
+    """`body` as JSON: a RequestError (one line) when it is too big (413), not JSON, or
+    nested deeper than MAX_JSON_DEPTH (400; the parser's own recursion limit included)."""
+    if len(body) > limit:  # an in-process agent's body is not read by `read_body`
+        raise RequestError(413, _too_big(limit))
+    deep = RequestError(
+        400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels; accepted: at most that"
+    )
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        raise deep from None
+    except ValueError:
+        raise RequestError(400, "the request body is not JSON") from None
+    if _depth_over(value, MAX_JSON_DEPTH):
+        raise deep
+    return value
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists and objects more than `limit` deep (walked without
+    recursion, so any depth the parser returned is measured)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def read_end(body: Any, turns: int) -> Ended | Failed:
+    """An agent+http `end`: `{"error": "why"}` (a non-empty string: the group is lost), or
+    the outcome an in-process agent returns, checked as `read_outcome` checks that (every
+    reward finite as float32). A RequestError (400, one line) otherwise."""
+    from gagpo.envs.agent import AgentError, read_outcome
+
+    if not isinstance(body, dict):
+        raise RequestError(400, 'the end body is not a JSON object; accepted: {"reward": ...}')
+    error = body.get("error")
+    if error is not None:
+        if not isinstance(error, str) or not error.strip():
+            raise RequestError(
+                400, f"error={_short(error)} is not valid; accepted: a non-empty string, or none"
+            )
+        return Failed(f"the agent gave up: {error.strip().splitlines()[0][:300]}")
+    try:
+        read_outcome(body, max(turns, 1))  # no call yet: the environment says so itself
+    except AgentError as exc:
+        raise RequestError(400, str(exc).replace("agent returned", "end got", 1)) from None
+    return Ended(body)
+
+
+def _short(x: object) -> str:
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _guarded(handler):
+    """A route handler that answers one line (500) for a failure of its own, and says so in
+    one line on the console: never a traceback to the client or the actor's log."""
+
+    @functools.wraps(handler)
+    async def guarded(request):
+        try:
+            return await handler(request)
+        except Exception as exc:
+            line = f"the agent endpoint failed on {request.url.path}: {one_line(exc)}"
+            print(line, file=sys.stderr, flush=True)
+            return _error_response(500, line)
+
+    return guarded
+
+
+def _unauthorized():
+    return _error_response(
+        401,
+        "this route needs the actor's agent+http token (printed at its first rollout, or "
+        f"${TOKEN_VARIABLE}); accepted: 'Authorization: Bearer <token>'",
+    )
 
 
 def _settle(future: asyncio.Future, value, error: BaseException | None) -> None:
@@ -413,7 +582,7 @@ def shared_endpoint(port: int = 0) -> Endpoint:
             from gagpo.schemas.extras import require
 
             require("agent", "an agent environment")
-            endpoint = _SHARED["endpoint"] = Endpoint(port=port)
+            endpoint = _SHARED["endpoint"] = Endpoint(port=port, token=_given_token())
             print(
                 f"agent endpoint: {endpoint.url} (agents' base URLs: {endpoint.url}/r/<rollout>/v1; "
                 f"agent+http claims rollouts at POST {endpoint.url}/gagpo/v1/rollouts)",
@@ -426,3 +595,22 @@ def shared_endpoint(port: int = 0) -> Endpoint:
                 f"not port {port}; accepted: one port per actor process"
             )
         return endpoint
+
+
+def _given_token() -> str | None:
+    """The token set in $GAGPO_AGENT_TOKEN, checked; None when unset (one is made)."""
+    given = os.environ.get(TOKEN_VARIABLE)
+    if not given:
+        return None
+    if (
+        len(given) < MIN_TOKEN_CHARS
+        or not given.isascii()
+        or not given.isprintable()
+        or " " in given
+    ):
+        raise GagpoError(
+            f"${TOKEN_VARIABLE} is not a valid token; accepted: at least {MIN_TOKEN_CHARS} "
+            "printable ASCII characters without spaces (python -c 'import secrets; "
+            "print(secrets.token_urlsafe())')"
+        )
+    return given

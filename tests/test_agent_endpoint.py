@@ -367,9 +367,12 @@ def test_an_agents_tool_calls_round_trip_as_openai_tool_messages(tmp_path: Path)
 # -- agent+http ----------------------------------------------------------------------------
 
 
-def _external_agent(url: str, stop: threading.Event, played: list) -> None:
-    """Another process's agent, in plain HTTP: claim, call the model twice, end."""
-    with httpx.Client(trust_env=False, timeout=60) as http:
+def _external_agent(url: str, token: str, stop: threading.Event, played: list) -> None:
+    """Another process's agent, in plain HTTP: claim, call the model twice, end (each with
+    the actor's token)."""
+    with httpx.Client(
+        trust_env=False, timeout=60, headers={"Authorization": f"Bearer {token}"}
+    ) as http:
         while not stop.is_set():
             claim = http.post(f"{url}/gagpo/v1/rollouts", json={"wait_s": 0.5})
             if claim.status_code == 503:
@@ -395,10 +398,13 @@ def _external_agent(url: str, stop: threading.Event, played: list) -> None:
 def test_an_external_agent_plays_through_agent_http(tmp_path: Path):
     from gagpo.envs.endpoint import shared_endpoint
 
-    url = shared_endpoint().url  # one endpoint per process: the one other tests started
-    port = int(url.rsplit(":", 1)[1])
+    endpoint = shared_endpoint()  # one endpoint per process: the one other tests started
+    url, port = endpoint.url, int(endpoint.url.rsplit(":", 1)[1])
     stop, played = threading.Event(), []
-    agents = [threading.Thread(target=_external_agent, args=(url, stop, played)) for _ in range(G)]
+    agents = [
+        threading.Thread(target=_external_agent, args=(url, endpoint.token, stop, played))
+        for _ in range(G)
+    ]
     for agent in agents:
         agent.start()
     try:
