@@ -19,6 +19,7 @@ from gagpo.pipeline.sql import query_store
 from gagpo.pipeline.view.app import create_app
 from gagpo.pipeline.view.data import StoreSession
 from gagpo.workflows.view import EnvironmentOracle
+from tests.helpers.drift import GROUPS, brute_force, build_store
 from tests.helpers.view import cli_advantages, cli_csv, serving, view_store
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's (the Makefile installs it); Playwright's own is not used
@@ -210,3 +211,30 @@ def test_a_bad_group_is_a_clean_404(page: Page):
     assert response is not None and response.status == 404
     text = page.inner_text("body").strip()
     assert "\n" not in text and "is not in store" in text
+
+
+def test_the_group_page_marks_the_prompt_breaks(browser, tmp_path):
+    """Conversations that drift (tests/helpers/drift.py): exactly the steps whose prompt
+    does not begin with the previous turn's prompt and action are marked, each with a
+    title saying what it means."""
+    store = build_store(tmp_path / "drift")
+    breaks = {key for key, (extends, _, _) in brute_force().items() if extends is False}
+    app = create_app([StoreSession("drift", str(store.root))])
+    with serving(app) as url:
+        context = browser.new_context(viewport={"width": 1500, "height": 1000}, base_url=url)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto("/group?store=drift&group=g-hand&estimator=grpo")
+        page.wait_for_selector(".step")
+        marked = page.eval_on_selector_all(
+            ".step.prompt-break", "els => els.map(e => [e.dataset.traj, +e.dataset.step])"
+        )
+        expected = sorted(k for k in breaks if k[0] in GROUPS["g-hand"][1])
+        assert sorted(tuple(m) for m in marked) == expected
+        assert int(page.inner_text("#prompt-breaks")) == len(expected)
+        title = page.locator(".step.prompt-break .break-mark").first.get_attribute("title")
+        assert title is not None and "does not begin with turn" in title
+        context.close()
+        assert errors == []
