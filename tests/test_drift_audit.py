@@ -2,7 +2,7 @@
 prompt begins with the previous step's prompt_ids + action_ids, and `gagpo view`'s group
 page marks the steps where it does not. Both are checked against a brute-force reading of
 the prefix property in Python, over conversations that keep their history, drift (a reply
-re-tokenized), edit or cut it, and environments that carry no history at all."""
+re-tokenized), edit or cut it, and environments whose prompts never extend the previous turn."""
 
 from __future__ import annotations
 
@@ -132,13 +132,13 @@ def test_the_group_page_marks_exactly_the_breaks_of_groups_with_history(store):
                 if s["prompt_break"]
             }
             verdicts = {k: v[0] for k, v in reference.items() if k[0] in conversations}
-            history = any(verdicts.values())  # a group whose agent carries its history
+            history = any(verdicts.values())  # some prompt of the group extends its turn
             expected = {k for k, e in verdicts.items() if e is False} if history else set()
             assert marked == expected, group
             assert page["drift"] == {
                 "tested": sum(len(c) - 1 for c in conversations.values()),
                 "breaks": len(expected),
-                "carries_history": history,
+                "any_extends": history,
             }
             for r in page["rollouts"]:
                 for s in r["steps"]:  # the numbers the mark's title gives
@@ -149,8 +149,8 @@ def test_the_group_page_marks_exactly_the_breaks_of_groups_with_history(store):
                         previous,
                     )
         native = group_view(session, "g-native", "grpo", {})
-        assert native["drift"] == {"tested": 7, "breaks": 0, "carries_history": False}
+        assert native["drift"] == {"tested": 7, "breaks": 0, "any_extends": False}
         hand = group_view(session, "g-hand", "grpo", {})  # every turn of "edited" breaks
-        assert hand["drift"] == {"tested": 6, "breaks": 3, "carries_history": True}
+        assert hand["drift"] == {"tested": 6, "breaks": 3, "any_extends": True}
     finally:
         session.close()

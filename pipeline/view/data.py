@@ -297,10 +297,10 @@ def group_drift(session: StoreSession, group_id: str) -> pl.DataFrame:
     """traj_id, step, DRIFT_COLUMNS and `prompt_break` of the group's steps.
 
     A break is a step whose prompt does not begin with the previous step's prompt and
-    action, in a group that carries its history (at least one of its prompts does; its
-    rollouts played one task with one agent): an environment that shows each turn on its
-    own (Sokoban's board) extends no prompt, and marking every one of its turns would say
-    nothing."""
+    action, in a group where at least one prompt does (its rollouts played one task with
+    one agent). A group whose prompts are rendered afresh every turn extends none (the native environments' history window: the current message
+    also lists the admissible actions, which the history leaves out), and marking every
+    one of its turns would say nothing."""
     table = session.query(
         f"SELECT traj_id, step, {', '.join(DRIFT_COLUMNS)} FROM prompt_drift WHERE group_id = ?",
         [group_id],
@@ -408,7 +408,7 @@ def group_view(session: StoreSession, group_id: str, choice: str, params: dict) 
         "drift": {  # steps with a previous one, and the breaks marked among them
             "tested": int(frame["extends_previous"].count()),
             "breaks": int(frame["prompt_break"].sum()),
-            "carries_history": bool(frame["extends_previous"].any()),
+            "any_extends": bool(frame["extends_previous"].any()),
         },
         "rollouts": rollouts,
         "pools": [

@@ -1,4 +1,4 @@
-"""Conversations whose prompts extend the previous turn, drift or carry no history, in a
+"""Conversations whose prompts extend the previous turn, drift or never extend it, in a
 store, and the prefix property read literally in Python: the references of the drift audit
 (the `prompt_drift` view, `gagpo view`'s prompt breaks; tests/test_drift_audit.py)."""
 
@@ -61,7 +61,7 @@ def drifting(turns: int, seed: int) -> list[tuple[list[int], list[int]]]:
 
 
 def no_history(turns: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    """An environment that shows each turn on its own (Sokoban's board): system + state."""
+    """Prompts rendered afresh each turn (a native environment): system + the state."""
     rng = random.Random(seed)
     return [([*SYSTEM, rng.randrange(200, 300)], [rng.randrange(300, 400)]) for _ in range(turns)]
 

@@ -85,10 +85,10 @@ function render() {
   $("summary").innerHTML = `<span>estimator <b>${G.esc(v.estimator.tag)}</b></span>` +
     `<span>zero-advantage share <b id="zero-share">${G.pct(s.zero_share)}</b></span>` +
     `<span>IQR <b>${G.num(s.iqr)}</b></span><span>max |A| <b>${G.num(s.max_abs)}</b></span>` +
-    (v.drift.carries_history
+    (v.drift.any_extends
       ? `<span title="turns whose prompt does not begin with the previous turn's prompt + action (the prompt_drift view)">` +
         `prompt breaks <b id="prompt-breaks">${v.drift.breaks}</b> of ${v.drift.tested} turns</span>`
-      : `<span class="muted" title="no prompt of this group begins with the previous turn's prompt + action: each turn is shown on its own, so no break is marked">no history carried</span>`);
+      : `<span class="muted" title="no prompt of this group begins with the previous turn's prompt + action: its prompts are rendered afresh each turn (a native environment's history window), so no break is marked">no prompt extends the previous turn</span>`);
   G.legend($("legend"), s.max_abs || 1, "advantage, one scale for the whole group");
   const poolIndex = new Map(v.pools.map((p, i) => [p.pool_id, i]));
   const turns = Math.max(...v.rollouts.map((r) => r.length));
