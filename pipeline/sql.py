@@ -57,6 +57,7 @@ import duckdb
 import pyarrow as pa
 
 from gagpo.pipeline import sql_sources as src
+from gagpo.pipeline.sql_segments import ReadOnlySegments, segment_url
 from gagpo.pipeline.sql_views import VIEWS, view_statements
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
@@ -159,8 +160,9 @@ def open_store_db(
     config["enable_external_access"] = bool(segments)
     try:
         con = duckdb.connect(":memory:", config=config)
-        if segments:
-            con.execute(f"SET allowed_paths = {_sql_list(segments)}")
+        if segments:  # read through a file system without writes (pipeline/sql_segments.py)
+            con.register_filesystem(ReadOnlySegments(segments))
+            con.execute(f"SET allowed_paths = {_sql_list([segment_url(p) for p in segments])}")
             con.execute("SET enable_external_access = false")
     except duckdb.Error as exc:
         shutil.rmtree(spill, ignore_errors=True)
@@ -202,8 +204,9 @@ def _create_views(
         table = f"_gagpo_{name}_all" if name in as_of else f"_gagpo_{name}"
         if name == "steps" and segments:  # the archive by DuckDB, the inbox tail by Arrow
             con.register("_gagpo_inbox", source)
+            urls = [segment_url(p) for p in segments]
             con.execute(
-                f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_list(segments)}) "
+                f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_list(urls)}) "
                 "UNION ALL BY NAME SELECT * FROM _gagpo_inbox"
             )
         else:
@@ -320,7 +323,7 @@ def run_query(
     """
     limits = limits or Limits()
     try:
-        _refuse_file_statements(query)
+        _refuse_statements(query)
         with time_limit(con, limits.timeout_s, limits.memory()):
             relation = con.sql(query, params=params)
             if relation is None:  # a statement without a result (SET, CREATE TABLE …)
@@ -338,20 +341,41 @@ def run_query(
             ) from None
         raise GagpoError(f"query failed: {reason}") from None
     except duckdb.Error as exc:
-        raise GagpoError(f"query failed: {_first_line(exc)}") from None
+        reason = _first_line(exc)
+        if reason.startswith("PermissionError"):  # a write to a segment's read-only URL
+            raise GagpoError(
+                f"query refused: gagpo sql is read-only and confined to the store ({reason})"
+            ) from None
+        raise GagpoError(f"query failed: {reason}") from None
 
 
-# Statements that name files or databases. DuckDB refuses them for every path but the
-# archive's segments, which the connection reads itself (allowed by path): refused here
-# for those too, so nothing can attach, copy over or export to a store's file.
-_FILE_STATEMENTS = frozenset(
+# Statements refused before DuckDB runs them, by the type DuckDB's own parser gives them:
+# those that name files or databases (nothing may attach, copy over or export to a store's
+# file), and prepared statements, whose body the parser does not show (PREPARE p AS COPY …
+# is of type PREPARE): a query's values are bound by `params`, never by SQL PREPARE.
+_REFUSED_STATEMENTS = frozenset(
     getattr(duckdb.StatementType, name)
-    for name in ("ATTACH", "DETACH", "COPY", "COPY_DATABASE", "EXPORT", "LOAD", "EXTENSION")
+    for name in (
+        "ATTACH",
+        "DETACH",
+        "COPY",
+        "COPY_DATABASE",
+        "EXPORT",
+        "LOAD",
+        "EXTENSION",
+        "PREPARE",
+        "EXECUTE",
+    )
     if hasattr(duckdb.StatementType, name)
 )
+# EXPLAIN's body is checked as a statement of its own: EXPLAIN ANALYZE runs it.
+_EXPLAIN = re.compile(r"^\s*explain\s+(?:analy[sz]e\s+)?(?:\([^)]*\)\s*)?", re.IGNORECASE)
+_COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
-def _refuse_file_statements(query: str) -> None:
+def _refuse_statements(query: str) -> None:
+    """Raise PermissionException for a statement of a refused type, explained ones
+    included. DuckDB's own file settings (open_store_db) refuse writes whatever passes."""
     try:
         statements = duckdb.extract_statements(query)
     except duckdb.Error:  # not SQL: DuckDB says why when it runs it
@@ -361,8 +385,23 @@ def _refuse_file_statements(query: str) -> None:
             kind = statement.type
         except ValueError:  # a kind this duckdb's Python API cannot name (UPDATE EXTENSIONS)
             raise duckdb.PermissionException("this kind of statement is not accepted") from None
-        if kind in _FILE_STATEMENTS:
+        if kind in _REFUSED_STATEMENTS:
             raise duckdb.PermissionException(f"{kind.name} statements are not accepted")
+        if kind == duckdb.StatementType.EXPLAIN:
+            _refuse_statements(_explained(statement.query))
+
+
+def _explained(text: str) -> str:
+    """The statement an EXPLAIN statement explains; one this cannot find is refused."""
+    text = _COMMENTS.sub(" ", text)
+    match = _EXPLAIN.match(text)
+    body = text[match.end() :] if match else ""
+    try:
+        if len(duckdb.extract_statements(body)) == 1:
+            return body
+    except duckdb.Error:
+        pass
+    raise duckdb.PermissionException("EXPLAIN of this statement is not accepted")
 
 
 def query_store(
@@ -416,8 +455,12 @@ def view_columns(con: duckdb.DuckDBPyConnection, view: str) -> list[tuple[str, s
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The line that says why: the first, or the last of a Python traceback (an error
+    raised by a file system registered on the connection, pipeline/sql_segments.py)."""
+    lines = str(exc).strip().splitlines()
+    if not lines:
+        return type(exc).__name__
+    return lines[-1] if lines[0].startswith("Traceback") else lines[0]
 
 
 def describe_views(con: duckdb.DuckDBPyConnection) -> str:

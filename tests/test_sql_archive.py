@@ -12,6 +12,7 @@ import pytest
 
 from gagpo.pipeline import sql
 from gagpo.pipeline import sql_sources as src
+from gagpo.pipeline.sql_segments import segment_url
 from gagpo.pipeline.sql_views import VIEWS
 from gagpo.schemas.archive import read_manifest, segment_path, step_files
 from gagpo.schemas.compaction import compact
@@ -94,8 +95,9 @@ def test_an_allowed_segment_can_be_read_never_written(tmp_path, template):
         query = template.format(segment=path, folder=str(Path(path).parent))
         with pytest.raises(GagpoError, match=r"^query refused: gagpo sql is read-only"):
             sql.run_query(con, query)
-        # reading it is reading the store's own rows, as the steps view does
-        direct = sql.run_query(con, f"SELECT count(*) AS n FROM read_parquet('{path}')")
+        # reading it (by its read-only URL) is reading the store's own rows, as steps does
+        url = segment_url(path)
+        direct = sql.run_query(con, f"SELECT count(*) AS n FROM read_parquet('{url}')")
         assert direct["n"].to_pylist() == [segment.rows]
     finally:
         sql.close_store_db(con)

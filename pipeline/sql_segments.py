@@ -1,0 +1,74 @@
+"""The archive's segments as DuckDB reads them: through a file system that can only read.
+
+DuckDB has no read-only variant of `allowed_paths`: a file it may read, it may also
+write (`COPY … TO`, however the statement is spelled: prepared, explained, nested). So
+the segments are never named to DuckDB by their local paths. Each is named by a URL of
+the `gagposegment://` protocol, served by `ReadOnlySegments`, an fsspec file system
+registered on the connection that opens the listed files for reading and has no way to
+write, create, move or remove anything. The connection's `allowed_paths` are those URLs
+and nothing else, and external access is off: a local path, a `file://` URL or any other
+file is refused by DuckDB, and a segment's URL reaches a file system without writes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+PROTOCOL = "gagposegment"
+_PREFIX = f"{PROTOCOL}://"
+
+
+def segment_url(path: str) -> str:
+    """The URL under which DuckDB reads the local segment `path`."""
+    return _PREFIX + os.path.abspath(path)
+
+
+class ReadOnlySegments(AbstractFileSystem):
+    """Reads the listed local files, nothing else; every write is refused.
+
+    Only the reading half of fsspec's interface is implemented: AbstractFileSystem's
+    writing methods either open a file for writing (refused by `_open`) or are not
+    implemented, so no method of this class can change a file.
+    """
+
+    protocol = (PROTOCOL,)
+    root_marker = "/"
+    cachable = False  # one instance per connection, each with its own list
+
+    def __init__(self, paths: list[str], **kwargs):
+        super().__init__(**kwargs)
+        self._paths = frozenset(os.path.abspath(p) for p in paths)
+        self._local = LocalFileSystem()
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = str(path)
+        return path[len(_PREFIX) :] if path.startswith(_PREFIX) else path
+
+    def _listed(self, path: str) -> str:
+        path = self._strip_protocol(path)
+        if os.path.abspath(path) != path or path not in self._paths:
+            raise PermissionError(f"read-only segments: {path} is not a listed segment")
+        return path
+
+    def _open(self, path, mode="rb", **kwargs):
+        if mode != "rb":
+            raise PermissionError(
+                f"read-only segments: {self._strip_protocol(path)} is not writable"
+            )
+        return self._local._open(self._listed(path), mode="rb")
+
+    def info(self, path, **kwargs):
+        info = self._local.info(self._listed(path))
+        return dict(info, name=self._strip_protocol(path))
+
+    def ls(self, path, detail=True, **kwargs):
+        # Listing is lookup of one listed file: a folder is never listed.
+        info = self.info(path)
+        return [info] if detail else [info["name"]]
+
+    def modified(self, path):
+        return self._local.modified(self._listed(path))
