@@ -1,8 +1,10 @@
-"""One lineage across restarts: every published version carries its own training state.
+"""One lineage across restarts: every published version's lineage record, and the training
+state saved every `state_every` updates, off the learner's critical path.
 
 Each update publishes the next version (docs/design.md §7: versions rise by one per
 update, each the child of the one before, and no version actors may have loaded is
-discarded). Just before the version's policy folder, the learner writes its state:
+discarded). Every `state_every` updates (and at the end of a run) the learner also saves
+its training state:
 
     learner/checkpoints/v<N>/  trainer.pt        optimiser, scheduler, RNG states (tensors and
                                                  plain types only: loaded with weights_only=True)
@@ -11,32 +13,46 @@ discarded). Just before the version's policy folder, the learner writes its stat
                                state.json        update, version, lineage ids (see below)
                                trainable.safetensors   only when the published weights are not
                                                  the trained parameters (LoRA: the adapters)
-                               .complete
+                               .complete         written last: the state is whole
     policy/v<N>/lineage.json   {"version", "parent", "update", "id", "parent_id"}
 
-The weights are the published version's own, so the state costs the optimiser (twice
-the trained parameters with AdamW) and the ledger, never a second copy of the model.
-`--resume` starts from the version LATEST names, with its weights, its optimiser and its
-ledger: groups of published updates stay consumed, those of a killed, unpublished update
-are trained again, and the next version is LATEST + 1. Every version gets a random `id`
-and records its parent's, so a checker can verify the chain (`check_lineage`).
+The state costs the optimiser (twice the trained parameters with AdamW) and the ledger,
+never a second copy of the model. It is written asynchronously (`StateWriter`): the
+critical path copies it to CPU and hands the copy to a thread, which writes the files and
+then `.complete`, while the next update runs; at most one state is in flight. A kill
+mid-write leaves a folder without its marker, and the previous state stays in force.
+LoRA runs save theirs with every version, synchronously: the adapters cannot be taken
+back out of merged weights, and they are small.
 
-Written with the folder protocol of `publish.py` (files, then `.complete`), state first,
-then policy, then LATEST: LATEST never names a version without a complete state. Under
-FSDP the optimiser state is gathered whole and keyed by parameter name; every rank takes
-part in the gather, rank 0 alone writes, and every rank reads the files back.
+`--resume` starts from the version LATEST names (docs/design.md, "One lineage"): its own
+published weights; the optimiser of the newest complete state at or before it (its
+moments and step count, an approximation when that state is older than LATEST; exact
+when it is LATEST's, as in stores written before states were periodic); the scheduler
+advanced to LATEST's step; the ledger as it stood after LATEST's update. Groups of
+published updates stay consumed, those of a killed, unpublished update are trained
+again, and the next version is LATEST + 1. Every version gets a random `id` and records
+its parent's, so a checker can verify the chain (`check_lineage`).
+
+Folders are written with the protocol of `publish.py` (files, then `.complete`), and a
+version's state, when due, is handed over before its policy folder is written. Under
+FSDP the optimiser state is gathered whole (to CPU) and keyed by parameter name; every
+rank takes part in the gather, rank 0 alone writes, and every rank reads the files back.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import tempfile
+import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file, save_file
@@ -44,12 +60,11 @@ from safetensors.torch import load_file, save_file
 from gagpo.learner.dist import full_optimizer_state, is_sharded, load_full_state, tied_weights
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import acquire, check_lease
-from gagpo.learner.publish import is_complete, publish_version, put_folder, remove_folder
+from gagpo.learner.publish import folder_bytes, is_complete, put_folder, remove_folder
 from gagpo.schemas import layout
-from gagpo.schemas.archive import archived_ledger
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.layout import STATE_LEDGER, STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
-from gagpo.schemas.store import Store, parquet_table
+from gagpo.schemas.store import Store
 
 
 def checkpoint_dir(store: Store, version: int) -> str:
@@ -97,7 +112,80 @@ def _trains_everything(model) -> bool:
     return all(p.requires_grad for p in model.parameters())
 
 
-# --- saving: every publication -------------------------------------------------------
+# --- saving: every `state_every` updates --------------------------------------------
+@dataclass
+class StateSnapshot:
+    """A training state taken on the critical path, to be written by `write_state`."""
+
+    version: int
+    trainer: dict  # optimiser, scheduler, RNG
+    trained: dict[str, torch.Tensor] | None  # the adapters, when the published weights are merged
+    ledger: pa.Table
+    record: dict
+
+
+def snapshot_state(
+    store: Store,
+    version: int,
+    record: dict,
+    model,
+    optimizer,
+    scheduler,
+    ledger: Ledger | None,
+    *,
+    main: bool = True,
+    copy_tensors: bool = True,
+) -> StateSnapshot | None:
+    """The training state of `version` (its lineage `record`), detached from the live
+    optimiser when `copy_tensors` (the next step changes its tensors in place while a
+    thread writes the copy). Sharded, a collective: every rank calls this, and only
+    `main` (with the ledger) gets it."""
+    optimizer_state = full_optimizer_state(model, optimizer)  # FSDP: a gathered CPU copy
+    if not main:
+        return None
+    check_lease(store)  # a learner that lost the store's lease stops before publishing
+    if copy_tensors and not is_sharded(model):
+        optimizer_state = _cpu_copy(optimizer_state)
+    trained = None
+    if not _trains_everything(model):  # the published weights are merged: keep the adapters
+        trained = {
+            n: p.detach().to("cpu", copy=True).contiguous()
+            for n, p in model.named_parameters()
+            if p.requires_grad
+        }
+    trainer = {
+        "optimizer": optimizer_state,
+        "scheduler": copy.deepcopy(scheduler.state_dict()),
+        "rng": rng_state(),
+    }
+    return StateSnapshot(version, trainer, trained, ledger.tail_table(), record)
+
+
+def _cpu_copy(value):
+    """`value` (nested dicts, lists, tuples) with every tensor copied to CPU memory."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_cpu_copy(v) for v in value)
+    return value
+
+
+def write_state(store: Store, snapshot: StateSnapshot) -> int:
+    """Write `snapshot` to learner/checkpoints/v<N>/, `.complete` last; return its bytes."""
+    with tempfile.TemporaryDirectory(prefix="gagpo-state-") as tmp:
+        folder = Path(tmp)
+        if snapshot.trained is not None:
+            save_file(snapshot.trained, str(folder / STATE_TRAINABLE))
+        torch.save(snapshot.trainer, folder / STATE_TRAINER)
+        pq.write_table(snapshot.ledger, folder / STATE_LEDGER)
+        (folder / STATE_RECORD).write_text(json.dumps(snapshot.record))
+        written = folder_bytes(folder)
+        put_folder(store, folder, checkpoint_dir(store, snapshot.version), phase="checkpoint")
+    return written
+
+
 def save_state(
     store: Store,
     parent: Head,
@@ -108,62 +196,71 @@ def save_state(
     ledger: Ledger | None,
     *,
     main: bool = True,
-) -> None:
-    """Write the training state of `child` (before its policy folder). Sharded, a
-    collective: every rank calls this, and only `main` (with the ledger) writes."""
-    optimizer_state = full_optimizer_state(model, optimizer)
-    if not main:
-        return
-    check_lease(store)  # a learner that lost the store's lease stops before publishing
-    with tempfile.TemporaryDirectory(prefix="gagpo-state-") as tmp:
-        folder = Path(tmp)
-        if not _trains_everything(model):  # the published weights are merged: keep the adapters
-            trained = {
-                n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad
-            }
-            save_file(trained, str(folder / STATE_TRAINABLE))
-        trainer = {
-            "optimizer": optimizer_state,
-            "scheduler": scheduler.state_dict(),
-            "rng": rng_state(),
-        }
-        torch.save(trainer, folder / STATE_TRAINER)
-        pq.write_table(ledger.tail_table(), folder / STATE_LEDGER)
-        (folder / STATE_RECORD).write_text(json.dumps(child.record(parent)))
-        put_folder(store, folder, checkpoint_dir(store, child.version), phase="checkpoint")
-
-
-def commit_version(
-    store: Store,
-    parent: Head,
-    child: Head,
-    model,
-    optimizer,
-    scheduler,
-    ledger: Ledger | None,
-    *,
-    base_dir,
-    keep_versions: int,
-    keep_states: int,
-    lora=None,
-    main: bool = True,
-    keep_every: int = 0,
-) -> None:
-    """State, then policy folder (with its lineage record), then LATEST, then pruning."""
-    save_state(store, parent, child, model, optimizer, scheduler, ledger, main=main)
-    publish_version(
+) -> int:
+    """Write the training state of `child` at once, on the caller's time (no copy);
+    return its bytes. Sharded, a collective: every rank calls this, `main` writes."""
+    record = child.record(parent)
+    snapshot = snapshot_state(
         store,
-        model,
-        base_dir,
         child.version,
-        keep_versions,
-        lora,
+        record,
+        model,
+        optimizer,
+        scheduler,
+        ledger,
         main=main,
-        lineage=child.record(parent),
-        keep_every=keep_every,
+        copy_tensors=False,
     )
-    if main:
-        prune_states(store, keep_states)
+    return write_state(store, snapshot) if snapshot is not None else 0
+
+
+class StateWriter:
+    """Writes training states one at a time: in a thread (`asynchronous`) or at once. A
+    state handed over waits for the one before it; a write's error is raised by the next
+    call to `save` or `wait`. Each finished state then prunes to the newest `keep`."""
+
+    def __init__(self, store: Store, keep: int, *, asynchronous: bool = True) -> None:
+        self.store, self.keep, self.asynchronous = store, keep, asynchronous
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._bytes = 0  # written by finished states, not yet taken by a metrics row
+
+    def save(self, snapshot: StateSnapshot) -> None:
+        self.wait()
+        if not self.asynchronous:
+            self._write(snapshot)
+            self.wait()
+            return
+        # Not a daemon: a learner that stops on an error still finishes the state it began.
+        self._thread = threading.Thread(
+            target=self._write, args=(snapshot,), name=f"gagpo-state-v{snapshot.version}"
+        )
+        self._thread.start()
+
+    def _write(self, snapshot: StateSnapshot) -> None:
+        try:
+            written = write_state(self.store, snapshot)
+            with self._lock:
+                self._bytes += written
+            prune_states(self.store, self.keep)
+        except BaseException as error:  # raised on the learner's own thread, at the next wait
+            self._error = error
+
+    def wait(self) -> None:
+        """Until the state in flight, if any, is complete."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def take_bytes(self) -> int:
+        """Bytes of the states finished since the last call."""
+        with self._lock:
+            taken, self._bytes = self._bytes, 0
+        return taken
 
 
 def state_versions(store: Store) -> list[int]:
@@ -176,11 +273,25 @@ def state_versions(store: Store) -> list[int]:
 
 
 def prune_states(store: Store, keep: int) -> None:
-    """Keep the states of the newest `keep` versions up to LATEST (LATEST's always)."""
+    """Keep the newest `keep` complete states up to LATEST, and any newer one (in flight);
+    a folder without its marker at or below LATEST is a killed write: removed. Called
+    when no state is being written (by the writer after its write, by the learner at the
+    end of a run)."""
     latest = store.policies.latest() or 0
-    older = [v for v in state_versions(store) if v <= latest]
-    for v in older[:-keep]:
-        remove_folder(store, checkpoint_dir(store, v))
+    versions = state_versions(store)
+    complete = [v for v in versions if v <= latest and is_complete(store, checkpoint_dir(store, v))]
+    kept = set(complete[-keep:]) | {v for v in versions if v > latest}
+    for v in versions:
+        if v not in kept:
+            remove_folder(store, checkpoint_dir(store, v))
+
+
+def newest_state(store: Store, version: int) -> int | None:
+    """The newest version at or below `version` with a complete training state."""
+    for v in reversed(state_versions(store)):
+        if v <= version and is_complete(store, checkpoint_dir(store, v)):
+            return v
+    return None
 
 
 # --- starting: fresh or --resume -----------------------------------------------------
@@ -210,14 +321,23 @@ def read_lineage(store: Store, version: int) -> dict:
 
 
 def start(
-    store: Store, *, resume: bool, model, optimizer, scheduler, main: bool = True
+    store: Store,
+    *,
+    resume: bool,
+    model,
+    optimizer,
+    scheduler,
+    main: bool = True,
+    steps_per_update: int = 1,
+    say=None,
 ) -> tuple[Head, Ledger]:
     """Where this run starts: version 0 with an empty ledger, or (resume) the version
-    LATEST names, restored from its own weights and state. The main rank first takes the
-    store's lease (learner/lease.py): one learner per store, resumed or not."""
+    LATEST names (`_restore`). The main rank first takes the store's lease
+    (learner/lease.py): one learner per store, resumed or not. `say` gets a line when
+    the optimiser state is not LATEST's own."""
     lease = acquire(store) if main else None
     try:
-        return _start(store, resume, model, optimizer, scheduler, main)
+        return _start(store, resume, model, optimizer, scheduler, main, steps_per_update, say)
     except BaseException:  # refused or failed: the store is free for the next learner
         if lease is not None:
             lease.release()
@@ -225,7 +345,7 @@ def start(
 
 
 def _start(
-    store: Store, resume: bool, model, optimizer, scheduler, main: bool
+    store: Store, resume: bool, model, optimizer, scheduler, main: bool, steps_per_update, say
 ) -> tuple[Head, Ledger]:
     latest = store.policies.latest() or 0
     if not resume:  # checked by the main rank alone: it may already have announced itself
@@ -243,42 +363,97 @@ def _start(
     if latest == 0:  # killed before its first publication: nothing was trained for good
         head, ledger = _base_head(store), Ledger()
     else:
-        head, ledger = _restore(store, latest, model, optimizer, scheduler)
+        head, ledger, note = _restore(store, latest, model, optimizer, scheduler, steps_per_update)
+        if note and main and say is not None:
+            say(note)
     if main:
         _forget_after(store, head, ledger)
     return head, ledger
 
 
-def _restore(store: Store, version: int, model, optimizer, scheduler) -> tuple[Head, Ledger]:
-    remote = checkpoint_dir(store, version)
-    if not is_complete(store, remote):
+def _restore(
+    store: Store, version: int, model, optimizer, scheduler, steps_per_update: int
+) -> tuple[Head, Ledger, str | None]:
+    """LATEST (`version`) restored: its published weights; the newest complete state at or
+    before it, with the scheduler advanced by the updates since that state; the ledger as
+    it stood after LATEST's update. Returns a line to show when the state is not
+    LATEST's own (None when it is)."""
+    published = read_lineage(store, version)
+    if published.get("version") != version or not store.exists(layout.ledger(store.root)):
         raise GagpoError(
-            f"policy/LATEST names v{version} but {remote} holds no complete training state, so "
-            "its lineage cannot continue; accepted: a store written by this learner (or a new store)"
+            f"policy/LATEST names v{version} but the store holds no lineage record or ledger "
+            "of it, so its lineage cannot continue; accepted: a store written by this learner "
+            "(or a new store)"
         )
+    head = Head(published["update"], version, published["id"])
+    found = newest_state(store, version)
     with tempfile.TemporaryDirectory(prefix="gagpo-resume-") as cache:
-        folder = remote
-        if not store.is_local:
-            folder = str(Path(cache) / f"v{version}")
-            store.download(remote, folder)
-        folder = Path(folder)
-        state = json.loads((folder / STATE_RECORD).read_text())
-        published = read_lineage(store, version)
-        if published.get("id") != state["id"]:
+        state, trained, trainer = _read_state(store, found, head, cache)
+        if trained is None and not _trains_everything(model):
             raise GagpoError(
-                f"policy v{version} (lineage id {published.get('id')}) is not the version whose "
-                f"state is in {remote} (id {state['id']}); the store was altered"
+                f"LoRA: the adapters of v{version} are in its training state, and "
+                f"{checkpoint_dir(store, version)} holds no complete one; accepted: a store "
+                "written by this learner"
             )
-        if (folder / STATE_TRAINABLE).exists():
-            weights = load_file(str(folder / STATE_TRAINABLE))
-        else:
-            weights = _published_weights(store, version, cache)
-        trainer = torch.load(folder / STATE_TRAINER, weights_only=True)
-        restore(model, optimizer, scheduler, weights, trainer, where=remote)
-        # the tail as it stood after this update; the archive holds the compacted rows
-        tail = parquet_table((folder / STATE_LEDGER).read_bytes())
-        ledger = Ledger(tail, archived_ledger(store))
-    return Head(state["update"], version, state["id"]), ledger
+        weights = trained if trained is not None else _published_weights(store, version, cache)
+        where = checkpoint_dir(store, found) if found is not None else store.policies.dir(version)
+        restore(model, optimizer, scheduler, weights, trainer, where=where)
+    behind = head.update - (state["update"] if state else 0)  # updates since the state
+    advance_scheduler(scheduler, behind * steps_per_update)
+    # the archive holds the compacted rows; those of a killed later update are dropped
+    ledger = Ledger.load(store).truncated(head.update)
+    if found == version:
+        return head, ledger, None
+    if found is None:
+        note = (
+            f"--resume: no complete training state at or before v{version}; v{version}'s "
+            "weights continue with a fresh AdamW (docs/design.md, 'One lineage')"
+        )
+    else:
+        note = (
+            f"--resume: v{version}'s weights with the optimiser moments of v{found}, the newest "
+            f"complete state ({behind} update(s) older; docs/design.md, 'One lineage')"
+        )
+    return head, ledger, note
+
+
+def _read_state(store: Store, found: int | None, head: Head, cache: str):
+    """(record, adapters or None, trainer dict or None) of state `found`, checked against
+    the lineage: its id is that of the published version it names (when still kept), and
+    its update is LATEST's minus the versions between them."""
+    if found is None:
+        return None, None, None
+    remote = checkpoint_dir(store, found)
+    folder = remote
+    if not store.is_local:
+        folder = str(Path(cache) / f"state-v{found}")
+        store.download(remote, folder)
+    folder = Path(folder)
+    state = json.loads((folder / STATE_RECORD).read_text())
+    published = read_lineage(store, found) if found in store.policies.stored() else state
+    expected_update = head.update - (head.version - found)
+    if published.get("id") != state["id"] or state["update"] != expected_update:
+        raise GagpoError(
+            f"policy v{found} (lineage id {published.get('id')}) is not the version whose "
+            f"state is in {remote} (id {state['id']}, update {state['update']}); the store "
+            "was altered"
+        )
+    trained = None
+    if found == head.version and (folder / STATE_TRAINABLE).exists():
+        trained = load_file(str(folder / STATE_TRAINABLE))
+    trainer = torch.load(folder / STATE_TRAINER, weights_only=True)
+    return state, trained, trainer
+
+
+def advance_scheduler(scheduler, steps: int) -> None:
+    """Move a LambdaLR `steps` optimiser steps on (to LATEST's step, from an older state's):
+    its learning rate is a function of the step count alone."""
+    if steps <= 0:
+        return
+    scheduler.last_epoch += steps - 1
+    with warnings.catch_warnings():  # "step() before optimizer.step()": no step is skipped here
+        warnings.simplefilter("ignore")
+        scheduler.step()
 
 
 def _published_weights(store: Store, version: int, cache: str) -> dict[str, torch.Tensor]:
@@ -289,21 +464,28 @@ def _published_weights(store: Store, version: int, cache: str) -> dict[str, torc
     return weights
 
 
-def restore(model, optimizer, scheduler, weights: dict, trainer: dict, *, where: str) -> None:
-    """Load weights and trainer state; sharded, a collective (every rank calls it). A
-    state written under either `parallel` mode resumes in either."""
+def restore(
+    model, optimizer, scheduler, weights: dict, trainer: dict | None, *, where: str
+) -> None:
+    """Load weights and trainer state (None: the weights alone, a fresh optimiser);
+    sharded, a collective (every rank calls it). A state written under either `parallel`
+    mode resumes in either; bf16 published weights are cast to the model's dtype."""
     names = [n for n, p in model.named_parameters() if p.requires_grad]  # optimiser order
-    weights = dict(weights)
+    dtype = next(model.parameters()).dtype
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
     for pair in tied_weights(model).items():  # files hold one name of each tied pair
         for a, b in (pair, pair[::-1]):
             if a in weights:
                 weights.setdefault(b, weights[a])
+    optimizer_state = trainer["optimizer"] if trainer is not None else None
     if is_sharded(model):
-        optimizer_state = rekey_optimizer_state(trainer["optimizer"], names, by_name=True)
+        if optimizer_state is not None:
+            optimizer_state = rekey_optimizer_state(optimizer_state, names, by_name=True)
         missing, unexpected = load_full_state(model, optimizer, weights, optimizer_state)
     else:
         missing, unexpected = model.load_state_dict(weights, strict=False)
-        optimizer.load_state_dict(rekey_optimizer_state(trainer["optimizer"], names, by_name=False))
+        if optimizer_state is not None:
+            optimizer.load_state_dict(rekey_optimizer_state(optimizer_state, names, by_name=False))
     required = set(names) if not _trains_everything(model) else set(model.state_dict())
     lacking = sorted(set(missing) & required - set(tied_weights(model)))
     if unexpected or lacking:
@@ -311,8 +493,9 @@ def restore(model, optimizer, scheduler, weights: dict, trainer: dict, *, where:
             f"the state in {where} does not match the model (missing {lacking[:3]}, unexpected "
             f"{sorted(unexpected)[:3]}); accepted: a state of the same policy and LoRA settings"
         )
-    scheduler.load_state_dict(trainer["scheduler"])
-    set_rng_state(trainer["rng"])
+    if trainer is not None:
+        scheduler.load_state_dict(trainer["scheduler"])
+        set_rng_state(trainer["rng"])
 
 
 def rekey_optimizer_state(state: dict, names: list[str], *, by_name: bool) -> dict:
@@ -331,14 +514,15 @@ def rekey_optimizer_state(state: dict, names: list[str], *, by_name: bool) -> di
 
 
 def _forget_after(store: Store, head: Head, ledger: Ledger) -> None:
-    """Undo what a killed, unpublished update left: its ledger rows, metrics and state."""
+    """Undo what a killed, unpublished update left: its ledger rows, metrics and state,
+    and any state whose write was killed (no marker)."""
     ledger.commit(store)
     for path in store.glob(layout.metrics(store.root, "*")):
         update = layout.parse_metrics(path)  # None: a killed write's temporary, the sweep's
         if update is not None and update > head.update:
             store.remove(path)
     for v in state_versions(store):
-        if v > head.version:
+        if v > head.version or not is_complete(store, checkpoint_dir(store, v)):
             remove_folder(store, checkpoint_dir(store, v))
 
 

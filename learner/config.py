@@ -15,8 +15,8 @@ from gagpo.schemas.errors import GagpoError
 
 # Settings that were removed, and the line an old config that still sets one gets.
 REMOVED = {
-    "checkpoint_every": "every published version carries its own training state "
-    "(learner/checkpoints/v<N>/); remove checkpoint_every from the config",
+    "checkpoint_every": "every published version carries its lineage, and the training state "
+    "is saved every state_every updates (learner/checkpoints/v<N>/); use state_every instead",
 }
 
 
@@ -133,7 +133,19 @@ class LearnerConfig(Config):
     """Also keep every N-th version (v0, vN, v2N, …) in policy/, e.g. to evaluate them after
     the run (`gagpo run` with [run] eval_groups); 0 keeps only the newest K."""
     keep_checkpoints: int = Field(2, ge=1, le=1000)
-    """Training states kept in learner/checkpoints/ (those of the newest versions; LATEST's always)."""
+    """Training states kept in learner/checkpoints/ (the newest complete ones)."""
+    state_every: int = Field(20, ge=1, le=10**6)
+    """Save the training state (optimiser, scheduler, RNG) every this many updates, and at
+    the end of a run. --resume continues from LATEST's weights with the newest state's
+    optimiser (an approximation when that state is older: docs/design.md, "One lineage").
+    LoRA runs save theirs with every version (small, and not recoverable from merged weights)."""
+    state_async: bool = True
+    """Write the training state in a thread while the next update runs (the critical path
+    only copies it to CPU memory); false: write it before publishing, on the critical path."""
+    publish_dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    """Dtype of the published weights: auto follows `precision` (bf16 training publishes
+    bf16, what actors serve on a GPU, half the bytes of fp32), or fp32 / bf16 whatever the
+    precision. LoRA adapters (lora.publish = "adapter") are written as trained."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """Where to train: auto, cpu, cuda or cuda:N (under torchrun each process takes its local rank's GPU)."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
@@ -159,6 +171,11 @@ class LearnerConfig(Config):
     precision: Literal["fp32", "bf16"] = "fp32"
     """fp32 everywhere (the default, for CPU), or bf16: bfloat16 compute over float32 master
     weights (autocast; FSDP2 MixedPrecisionPolicy under parallel = fsdp). See docs/gpu.md."""
+    merge_turns: bool = True
+    """Encode each trajectory's steps whose prompts extend the previous step's prompt and
+    action as one sequence, reading every action's log-probs at its own positions (tokens
+    grow with the turns, not their square; the loss is the same); false: one row per step
+    (the ablation)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
     lora: LoraSettings = Field(default_factory=LoraSettings)

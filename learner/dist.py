@@ -190,9 +190,10 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     return get_optimizer_state_dict(model, optimizer, options=_full_options())
 
 
-def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict):
-    """Sharded counterpart of `load_state_dict` for both: every rank passes the whole
-    state and keeps its shards. Returns the model's (missing, unexpected) keys."""
+def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict | None):
+    """Sharded counterpart of `load_state_dict` for both (the model alone when
+    `optimizer_state` is None): every rank passes the whole state and keeps its shards.
+    Returns the model's (missing, unexpected) keys."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
@@ -201,7 +202,8 @@ def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict):
 
     options = StateDictOptions(full_state_dict=True, strict=False)
     keys = set_model_state_dict(model, model_state, options=options)
-    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+    if optimizer_state is not None:
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
     return keys.missing_keys, keys.unexpected_keys
 
 

@@ -227,6 +227,11 @@ def progress_line(
     parts.append(f"groups {row['groups']} (stale dropped {row['stale_groups']})")
     if row.get("masked_actions"):
         parts.append(f"masked {row['masked_actions']}")
+    if row.get("publish_s") is not None:  # the commit's critical path (learner/train.py)
+        parts.append(
+            f"publish {row['publish_s']:.2f} s  state {row['state_s']:.2f} s  "
+            f"{row['bytes_written'] / 2**20:.1f} MiB"
+        )
     return "  ".join(parts)
 
 

@@ -8,7 +8,8 @@ folder without its marker is a crashed attempt: it is removed before being rewri
 
     policy/v<N>/  config.json, model.safetensors, generation_config.json, tokenizer files
                   (copied from the base folder), lineage.json, .complete — loadable by
-                                                                   transformers and vLLM as is
+                  transformers and vLLM as is; the weights in the learner's `publish_dtype`
+                  (bf16 when it trains in bf16: what actors serve), config.json naming it
     policy/v<N>/  adapter_config.json, adapter_model.safetensors (+ tokenizer) with LoRA
                   `publish = "adapter"`: a PEFT-format adapter of the base model
 """
@@ -24,6 +25,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gagpo.learner.faults import fault_point
 from gagpo.learner.lease import check_lease
@@ -31,6 +33,9 @@ from gagpo.schemas import layout
 from gagpo.schemas.layout import LINEAGE
 from gagpo.schemas.retry import StoreFullError
 from gagpo.schemas.store import Store
+
+if TYPE_CHECKING:
+    import torch
 
 # Files of a model folder that describe weights; everything else (tokenizer, chat
 # template, ...) is copied from the base folder into every version.
@@ -102,9 +107,34 @@ def publish_version(
     main: bool = True,
     lineage: dict | None = None,
     keep_every: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> str | None:
     """Write policy `version` (HF format, with its `lineage` record), then point LATEST at
-    it, then prune to `keep` (and every `keep_every`-th version).
+    it, then prune to `keep` (and every `keep_every`-th version). `write_version` and
+    `point_latest` are the two halves, for a caller with work between them (the learner
+    writes its metrics row there)."""
+    write_version(store, model, base_dir, version, lora, main=main, lineage=lineage, dtype=dtype)
+    if not main:
+        return None
+    point_latest(store, version, keep, keep_every)
+    return store.policies.dir(version)
+
+
+def write_version(
+    store: Store,
+    model,
+    base_dir: Path,
+    version: int,
+    lora=None,
+    *,
+    main: bool = True,
+    lineage: dict | None = None,
+    dtype: torch.dtype | None = None,
+) -> int:
+    """Write the complete folder of policy `version`, not yet pointed at; return the bytes
+    written (0 on ranks other than `main`). Full weights are cast to `dtype` when given
+    (bf16: what actors serve on a GPU, half of fp32's bytes), and config.json says so; a
+    LoRA adapter (`publish = "adapter"`) is written as trained.
 
     A sharded (FSDP) model is gathered first, a collective: every rank calls this and
     only `main` writes; the files are the same as an unsharded model's."""
@@ -113,24 +143,67 @@ def publish_version(
 
     state = full_model_state(model) if is_sharded(model) else None  # FSDP: no LoRA (config)
     if not main:
-        return None
+        return 0
     remote = store.policies.dir(version)
     with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
         folder = Path(tmp)
         copy_tokenizer_files(base_dir, folder)
         if lora is not None and lora.publish == "adapter":
             write_adapter(model, folder, base_dir, lora)
-        elif lora_modules(model):
-            model.save_pretrained(folder, state_dict=merged_state_dict(model))
         else:
+            if lora_modules(model):
+                state = merged_state_dict(model)
+            if dtype is not None:
+                state = cast_state(model.state_dict() if state is None else state, dtype)
             model.save_pretrained(folder, state_dict=state)  # None: the model's own
+            if dtype is not None:
+                _declare_dtype(folder, dtype)
         if lineage is not None:
             (folder / LINEAGE).write_text(json.dumps(lineage))
+        written = folder_bytes(folder)
         put_folder(store, folder, remote, phase="publish")
+    return written
+
+
+def point_latest(store: Store, version: int, keep: int, keep_every: int = 0) -> None:
+    """Point LATEST at the complete folder of `version`, then prune (`prune_versions`)."""
     check_lease(store)  # a learner that lost the store's lease never moves LATEST
     store.policies.set_latest(version)
     prune_versions(store, keep, keep_every)
-    return remote
+
+
+def cast_state(state: dict, dtype: torch.dtype) -> dict:
+    """Floating tensors of `state` cast to `dtype`. Tensors that share storage (tied
+    embeddings) stay shared, so `save_pretrained` still writes them once."""
+    cast: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in state.items():
+        if not tensor.is_floating_point() or tensor.dtype == dtype:
+            out[name] = tensor
+            continue
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key not in cast:
+            cast[key] = tensor.detach().to(dtype)
+        out[name] = cast[key]
+    return out
+
+
+def _declare_dtype(folder: Path, dtype: torch.dtype) -> None:
+    """config.json names the dtype of the files (`save_pretrained` writes the model's own):
+    loaders with dtype "auto" (vLLM, transformers) then take the published dtype."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    name = str(dtype).removeprefix("torch.")
+    for key in ("dtype", "torch_dtype"):
+        if key in config:
+            config[key] = name
+    if not {"dtype", "torch_dtype"} & config.keys():
+        config["dtype"] = name
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in Path(folder).iterdir() if path.is_file())
 
 
 def write_adapter(model, folder: Path, base_dir: Path, lora) -> None:

@@ -10,9 +10,11 @@ each carries its share of the loss denominator so the sum is the loss of the sli
 Under FSDP every forward and backward is a collective, so each rank pads its share of a
 slice's micro-batches to the same count with passes whose loss is multiplied by zero.
 
-Per update, in this order: ledger → metrics → the version's training state → its policy
-folder → LATEST (learner/checkpoint.py): `--resume` continues from LATEST's own state, so
-versions form one lineage across kills.
+Per update, in this order: ledger → the training state, when due (every `state_every`
+updates: copied and handed to a writer thread) → the version's policy folder → metrics
+(with the commit's costs: publish_s, state_s, bytes_written) → LATEST
+(learner/checkpoint.py): `--resume` continues from LATEST, so versions form one lineage
+across kills.
 """
 
 from __future__ import annotations
@@ -28,8 +30,16 @@ import pyarrow.compute as pc
 import torch
 
 from gagpo.learner import faults
-from gagpo.learner.batching import MicroBatch, plan
-from gagpo.learner.checkpoint import Head, commit_version, has_learner_state, start
+from gagpo.learner.batching import MicroBatch, plan, too_long
+from gagpo.learner.checkpoint import (
+    Head,
+    StateWriter,
+    has_learner_state,
+    prune_states,
+    read_lineage,
+    snapshot_state,
+    start,
+)
 from gagpo.learner.compact import Compactor
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.dist import (
@@ -50,6 +60,7 @@ from gagpo.learner.metrics import Histogram, MetricsLog, group_staleness, stalen
 from gagpo.learner.model import action_logprobs, add_lora, has_dropout, load_model, resolve_policy
 from gagpo.learner.precision import autocast_dtype
 from gagpo.learner.preflight import check_start
+from gagpo.learner.publish import point_latest, write_version
 from gagpo.learner.sft import sft_loss
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
@@ -57,7 +68,7 @@ from gagpo.schemas.store import Store
 # Sums over micro-batches (then ranks): loss terms weighted by each micro-batch's share.
 _WEIGHTED = ("loss", "pg_loss", "kl_ref", "entropy")
 _PER_ACTION = ("approx_kl", "clip_frac", "behavior_weight_mean")
-_COUNTS = ("ratio_bounded", "masked_actions", "actions", "action_tokens", "tokens")
+_COUNTS = ("ratio_bounded", "masked_actions", "actions", "action_tokens", "tokens", "segments")
 _MISMATCH = ("mismatch_kl", "mismatch_tokens")  # summed over same-version tokens, then divided
 HISTOGRAMS = {
     "ratio": Histogram(0.0, 2.0),
@@ -117,6 +128,7 @@ def run_update(
     token_mean = loss_cfg.aggregation == "token_mean" or sft
     sharded = is_sharded(model)
     amp = autocast_dtype(cfg.precision, sharded=sharded)  # bf16 compute, fp32 master weights
+    skipped = _context_skipped(table, max_pos, d)
     plans, real = [], []  # this rank's micro-batches per slice; how many are not padding
     for part in _slices(table, cfg.mini_batches):
         mbs = plan(
@@ -126,6 +138,7 @@ def run_update(
             max_positions=max_pos,
             budget=cfg.micro_batch_tokens,
             token_mean=token_mean,
+            merge=cfg.merge_turns,
         )
         mine = mbs[d.rank :: d.world]
         padding = -(-len(mbs) // d.world) - len(mine) if sharded else 0
@@ -212,6 +225,10 @@ def run_update(
     out = {k: sums[k] / len(plans) for k in _WEIGHTED}
     out |= {k: sums[k] / max(sums["valid"], 1.0) for k in _PER_ACTION}
     out |= {k: int(sums[k]) for k in _COUNTS}
+    # Steps past the context are in no micro-batch: actions left out of the loss.
+    out["context_skipped"] = skipped
+    out["actions"] += skipped
+    out["masked_actions"] += skipped
     out["behavior_weight_max"] = top["behavior_weight_max"]
     compared = sums["mismatch_tokens"]  # none: the batch holds no action of this version
     out["mismatch_kl"] = sums["mismatch_kl"] / compared if compared else None
@@ -237,6 +254,7 @@ def _accumulate(sums, hist, m: dict, mb: MicroBatch) -> None:
         ("actions", m["actions"]),
         ("action_tokens", m["tokens"]),
         ("tokens", mb.attention_mask.sum()),
+        ("segments", mb.segments),
     ):
         sums[key] = sums[key] + value
     if "ratio" in m:
@@ -245,6 +263,33 @@ def _accumulate(sums, hist, m: dict, mb: MicroBatch) -> None:
             m["behavior_weight"], m["valid"]
         )
     hist["advantage"] += HISTOGRAMS["advantage"].counts(mb.advantages, mb.action_mask.any(1))
+
+
+_SAID_CONTEXT: set[int] = set()  # contexts whose overlong steps were named (once a process)
+
+
+def _context_skipped(table: pa.Table, max_pos: int, d: Dist) -> int:
+    """Steps longer than the model's context: counted, and named once in a warning line.
+    They are left out of the loss, never cut: their actions were sampled on a context the
+    learner cannot encode."""
+    over = too_long(table, max_pos)
+    count = int(over.sum())
+    if count and d.main and max_pos not in _SAID_CONTEXT:
+        _SAID_CONTEXT.add(max_pos)
+        longest = int(
+            (
+                pc.list_value_length(table[C.PROMPT_IDS]).to_numpy(zero_copy_only=False)
+                + pc.list_value_length(table[C.ACTION_IDS]).to_numpy(zero_copy_only=False)
+            ).max()
+        )
+        print(
+            f"warning: {count} step(s) of this batch (the longest {longest} tokens) exceed the "
+            f"policy's context, max_position_embeddings = {max_pos} tokens of prompt + action: "
+            "left out of the loss, never cut (metric context_skipped); keep the actors' "
+            "sampling.max_prompt_tokens + max_new_tokens within it",
+            file=sys.stderr,
+        )
+    return count
 
 
 def _mismatch(sums, mb: MicroBatch, logp_learner: torch.Tensor) -> torch.Tensor:
@@ -318,25 +363,32 @@ def replay_order(cfg: LearnerConfig) -> list[str] | None:
     return trained[C.GROUP_ID].to_pylist()
 
 
-def metrics_row(update, version, batch: Batch, stats: dict, feed: Feed, t_wait, t0, t1) -> dict:
+def metrics_row(
+    update, version, batch: Batch, stats: dict, feed: Feed, t_wait, t0, t1, costs: dict
+) -> dict:
     """The metrics of `update`, which published `version`: its batch was formed at the
-    version before, and its staleness is measured there (schemas.policy.staleness)."""
+    version before, and its staleness is measured there (schemas.policy.staleness);
+    `costs` are its commit's (`Parts.publish`)."""
     staleness = group_staleness(batch, version - 1)
-    return stats | {
-        "update": update,
-        "version": version,
-        "time": t1,
-        "groups": len(batch.groups),
-        "steps": batch.steps.height,
-        "stale_groups": len(batch.stale),
-        "stale_groups_total": feed.stats.groups_stale,
-        "staleness_mean": float(staleness.mean()),
-        "staleness_max": int(staleness.max()),
-        "tokens_per_s": stats["tokens"] / max(t1 - t0, 1e-9),
-        "update_s": t1 - t0,
-        "wait_s": t0 - t_wait,
-        "commit_to_use_s": float(np.mean([t0 - g.committed_at for g in batch.groups])),
-    }
+    return (
+        stats
+        | costs
+        | {
+            "update": update,
+            "version": version,
+            "time": t1,
+            "groups": len(batch.groups),
+            "steps": batch.steps.height,
+            "stale_groups": len(batch.stale),
+            "stale_groups_total": feed.stats.groups_stale,
+            "staleness_mean": float(staleness.mean()),
+            "staleness_max": int(staleness.max()),
+            "tokens_per_s": stats["tokens"] / max(t1 - t0, 1e-9),
+            "update_s": t1 - t0,
+            "wait_s": t0 - t_wait,
+            "commit_to_use_s": float(np.mean([t0 - g.committed_at for g in batch.groups])),
+        }
+    )
 
 
 def histograms(counts: dict, batch: Batch, version: int, max_staleness: int) -> dict:
@@ -394,28 +446,91 @@ class Parts:
         )
         return cls(cfg, d, store, base_dir, model, *make_optimizer(model, cfg), ref)
 
-    # Called by every rank: a sharded model is gathered by all; rank 0 alone writes.
-    def publish(self, head: Head, update: int, ledger: Ledger | None) -> Head:
-        """Publish the child of `head` made by `update`, with its training state."""
-        child = head.child(update)
-        if self.dist.main or is_sharded(self.model):
-            lora = self.cfg.lora if self.cfg.lora.enabled else None
-            commit_version(
-                self.store,
-                head,
-                child,
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                ledger,
-                base_dir=self.base_dir,
-                keep_versions=self.cfg.keep_versions,
-                keep_states=self.cfg.keep_checkpoints,
-                lora=lora,
-                main=self.dist.main,
-                keep_every=self.cfg.keep_every,
+    writer: StateWriter | None = None  # the main rank's
+    state_version: int = 0  # the newest version whose training state was taken
+
+    def __post_init__(self) -> None:
+        if self.dist.main:
+            lora = self.cfg.lora.enabled  # adapters: every version, before LATEST (module doc)
+            asynchronous = self.cfg.state_async and not lora
+            self.writer = StateWriter(
+                self.store, self.cfg.keep_checkpoints, asynchronous=asynchronous
             )
-        return child
+
+    @property
+    def _takes_part(self) -> bool:
+        """Publication and states are collectives under FSDP; otherwise rank 0's alone."""
+        return self.dist.main or is_sharded(self.model)
+
+    @property
+    def publish_dtype(self) -> torch.dtype | None:
+        """None: the master weights' own dtype (fp32)."""
+        wanted = self.cfg.publish_dtype
+        if wanted == "auto":
+            wanted = "bf16" if self.cfg.precision == "bf16" else "fp32"
+        return torch.bfloat16 if wanted == "bf16" else None
+
+    def state_due(self, update: int, last: bool) -> bool:
+        return last or self.cfg.lora.enabled or update % self.cfg.state_every == 0
+
+    # Called by every rank: a sharded model is gathered by all; rank 0 alone writes.
+    def publish(self, head: Head, update: int, ledger: Ledger | None, last: bool) -> tuple:
+        """Write the child of `head` made by `update`: its training state when due, then its
+        policy folder (not yet LATEST: see `point`). Returns the child and the costs on the
+        critical path: publish_s, state_s (taking the state, and waiting for the previous
+        one), bytes_written (the folder, and the states finished since the last call)."""
+        child = head.child(update)
+        costs = {"publish_s": 0.0, "state_s": 0.0, "bytes_written": 0}
+        if not self._takes_part:
+            return child, costs
+        t0 = time.perf_counter()
+        if self.state_due(update, last):
+            self._save_state(child.version, child.record(head), ledger)
+        t1 = time.perf_counter()
+        written = write_version(
+            self.store,
+            self.model,
+            self.base_dir,
+            child.version,
+            self.cfg.lora if self.cfg.lora.enabled else None,
+            main=self.dist.main,
+            lineage=child.record(head),
+            dtype=self.publish_dtype,
+        )
+        costs["publish_s"], costs["state_s"] = time.perf_counter() - t1, t1 - t0
+        costs["bytes_written"] = written + (self.writer.take_bytes() if self.writer else 0)
+        return child, costs
+
+    def _save_state(self, version: int, record: dict, ledger: Ledger | None) -> None:
+        snapshot = snapshot_state(
+            self.store,
+            version,
+            record,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            ledger,
+            main=self.dist.main,
+            copy_tensors=self.writer is not None and self.writer.asynchronous,
+        )
+        if snapshot is not None:
+            self.writer.save(snapshot)
+        self.state_version = version
+
+    def point(self, child: Head) -> None:
+        """LATEST → `child`, whose folder `publish` wrote; then prune the versions."""
+        if self.dist.main:
+            point_latest(self.store, child.version, self.cfg.keep_versions, self.cfg.keep_every)
+
+    def finish(self, head: Head, ledger: Ledger | None) -> None:
+        """At the end of a run: the state of `head` (LATEST) when the newest one is older,
+        and every state written, so that --resume continues exactly."""
+        if self._takes_part and self.state_version != head.version:
+            record = read_lineage(self.store, head.version) if self.dist.main else {}
+            self._save_state(head.version, record, ledger)
+        if self.writer is not None:
+            self.writer.wait()
+            prune_states(self.store, self.cfg.keep_checkpoints)
 
 
 def _archive(feed: Feed, result) -> None:
@@ -430,6 +545,7 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
     d = init_dist(cfg.device)
     p = Parts.build(cfg, d, echo)
     fresh = cfg.resume and d.main and not has_learner_state(p.store)
+    say = echo or (lambda line: print(line, file=sys.stderr))
     head, ledger = start(
         p.store,
         resume=cfg.resume,
@@ -437,10 +553,12 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
         optimizer=p.optimizer,
         scheduler=p.scheduler,
         main=d.main,
+        steps_per_update=cfg.mini_batches,
+        say=say,
     )
     update, version = head.update, head.version
+    p.state_version = version  # a resumed run writes no state before its first update
     if fresh:  # documented: --resume on a store no learner published to starts at v0
-        say = echo or (lambda line: print(line, file=sys.stderr))
         say(f"--resume: store {cfg.store} holds no learner state yet; starting fresh from v0")
     vocab_size = getattr(p.model.config, "vocab_size", None)
     feed = make_feed(p.store, ledger, cfg, vocab_size) if d.main else None
@@ -472,19 +590,25 @@ def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
         )
         stats["lr"] = p.scheduler.get_last_lr()[0]
         update, version = update + 1, version + 1
-        # ledger → metrics → state → policy → LATEST (see the module docstring)
+        # ledger → state (when due) → policy folder → metrics → LATEST (module docstring)
         if d.main:
             feed.commit(batch, update, version - 1)
+        t1 = time.time()
+        ledger = feed.ledger if d.main else None
+        child, costs = p.publish(head, update, ledger, last=update == cfg.updates)
+        if d.main:
             log.write(
-                metrics_row(update, version, batch, stats, feed, t_wait, t0, time.time()),
+                metrics_row(update, version, batch, stats, feed, t_wait, t0, t1, costs),
                 histograms(hists, batch, version - 1, cfg.max_staleness),
             )
             summary.groups += len(batch.groups)
-        head = p.publish(head, update, feed.ledger if d.main else None)
+        p.point(child)
+        head = child
         summary.tokens += stats["tokens"]
         if compactor is not None:  # off the critical path: a thread, collected later
             _archive(feed, compactor.collect())
             compactor.maybe_start(feed.ledger.table, update, feed.consumed_bytes())
+    p.finish(head, feed.ledger if d.main else None)
     if d.main:
         log.close()
         if compactor is not None:

@@ -158,6 +158,7 @@ _LEARNER_INT_METRICS = (
     "stale_groups",
     "stale_groups_total",
     "staleness_max",
+    "bytes_written",
 )
 LEARNER_METRICS_COLUMNS = (
     "update",
@@ -192,6 +193,10 @@ LEARNER_METRICS_COLUMNS = (
     # behaviour/learner mismatch on actions of the learner's own version; NULL when none
     "mismatch_kl",
     "mismatch_max_abs",
+    # the commit after the update, on the learner's critical path (learner/train.py)
+    "publish_s",  # writing the version's policy folder
+    "state_s",  # taking the training state when due (and waiting for the one before it)
+    "bytes_written",  # the policy folder, plus the training states that finished writing
 )
 LEARNER_METRICS_SCHEMA = pa.schema(
     [

@@ -51,11 +51,16 @@ def new_store(root: Path) -> Store:
     return store
 
 
+# A state with every version, written before LATEST moves: v7's own state is complete
+# when update 8 is killed, so the resumed run is the uninterrupted one bit for bit.
+EVERY_VERSION = ("--state-every", "1", "--no-state-async")
+
+
 def test_kill_mid_update_then_resume_continues_latest(straight, tmp_path):
     """The issue's case: killed in update 8's backward (LATEST = 7); the resumed run makes
     v8 from v7's own weights and state, so update u → version u throughout."""
     store = new_store(tmp_path / "store")
-    kill_at(tmp_path / "store", "backward:8", tmp_path)
+    kill_at(tmp_path / "store", "backward:8", tmp_path, *EVERY_VERSION)
     assert store.policies.latest() == 7
     v7 = json.loads(store.fs.cat_file(f"{store.policies.dir(7)}/{LINEAGE}"))
     resume(tmp_path / "store")
@@ -74,7 +79,7 @@ def test_kill_around_publication_then_resume(straight, tmp_path, hold):
     """Killed with the state written but the policy not (checkpoint), with the policy's
     files written but not marked complete (publish), or before any publication."""
     store = new_store(tmp_path / "store")
-    kill_at(tmp_path / "store", hold, tmp_path)
+    kill_at(tmp_path / "store", hold, tmp_path, *EVERY_VERSION)
     update = int(hold.split(":")[1])
     assert store.policies.latest() == update - 1
     resume(tmp_path / "store")
@@ -98,21 +103,29 @@ def in_process(root: Path) -> dict:
     )
 
 
-def test_resume_refuses_a_version_without_its_state(tmp_path):
-    """A LATEST whose training state is gone cannot continue its lineage: one line, no
-    restart from base weights under a later version number."""
+def test_resume_without_any_state_continues_latest_with_a_fresh_optimiser(tmp_path):
+    """A LATEST with no complete state at or before it (killed before its first state was
+    written; here removed) continues from its own weights with a fresh AdamW, and says so:
+    no restart from base weights under a later version number. A store without the
+    learner's ledger (versions of another learner) is refused, resumed or fresh."""
     root = tmp_path / "store"
     store = new_store(root)
     cfg = in_process(root)
     train(LearnerConfig(**cfg, updates=2))
-    assert store.fs.exists(f"{checkpoint_dir(store, 2)}/{COMPLETE}")
+    assert store.fs.exists(f"{checkpoint_dir(store, 2)}/{COMPLETE}")  # the run's closing state
     store.fs.rm(checkpoint_dir(store, 2), recursive=True)
-    with pytest.raises(GagpoError, match=r"v2 but .* no complete training state"):
-        train(LearnerConfig(**cfg, updates=3, resume=True))
-    # A fresh run on a store whose versions came from another learner refuses too.
+    lines: list[str] = []
+    summary = train(LearnerConfig(**cfg, updates=3, resume=True), echo=lines.append)
+    assert summary.updates == 3 and store.policies.latest() == 3
+    assert any("no complete training state at or before v2" in line for line in lines), lines
+    v2 = json.loads(store.fs.cat_file(f"{store.policies.dir(2)}/{LINEAGE}"))
+    v3 = json.loads(store.fs.cat_file(f"{store.policies.dir(3)}/{LINEAGE}"))
+    assert (v3["parent"], v3["parent_id"], v3["update"]) == (2, v2["id"], 3)
     store.fs.rm(store.path("learner"), recursive=True)
-    with pytest.raises(GagpoError, match="versions up to v2 but no learner state"):
-        train(LearnerConfig(**cfg, updates=3))
+    with pytest.raises(GagpoError, match="v3 but the store holds no lineage record or ledger"):
+        train(LearnerConfig(**cfg, updates=4, resume=True))
+    with pytest.raises(GagpoError, match="versions up to v3 but no learner state"):
+        train(LearnerConfig(**cfg, updates=4))
 
 
 def test_resume_without_learner_state_says_it_starts_fresh(tmp_path):
