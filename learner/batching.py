@@ -1,11 +1,21 @@
-"""From a batch of steps to length-bucketed, left-padded micro-batches of tensors.
+"""From a batch of steps to token-budgeted micro-batches of trajectory segments.
 
-Each action is scored given its prompt: the row is `prompt_ids + action_ids`, left-padded
-so that every row ends in the same column. The action tokens are then the last L
-columns (L = the longest action of the micro-batch), and the model only projects the
-last L+1 hidden states onto the vocabulary (`logits_to_keep`), whatever the prompt
-length. Rows are sorted by length and packed while rows × longest row stays within the
-token budget, so padding is small. Collation is vectorised over Arrow list offsets.
+An agent that keeps its history sends, at step t, a prompt that holds steps 0…t−1: scored
+as one row per step (`prompt_ids + action_ids`), a trajectory of T turns costs O(T²)
+tokens. So each trajectory (traj_id, by step) is split into **segments**: a step joins the
+current segment when its `prompt_ids` begin exactly with the previous step's
+`prompt_ids + action_ids`, otherwise it starts a new one. A segment's tokens are its last
+step's `prompt_ids + action_ids`, which hold every earlier step of the segment unchanged;
+action k of the segment sits at columns [len(prompt_k), len(prompt_k) + len(action_k)).
+Each segment is one right-padded row, encoded once, and every action's log-probs are read
+at its own positions (`action_logprobs` projects only the hidden states that predict an
+action token onto the vocabulary), so each action is scored on exactly the context it was
+sampled on. With merging off every step is its own segment: the same code, one row per step.
+
+A step longer than the model's context (`max_positions`) is never cut: it is not encoded,
+not in the loss, and counted (`too_long`). Segments are sorted by length and packed while
+rows × longest row stays within the token budget. Collation is vectorised over Arrow list
+offsets.
 """
 
 from __future__ import annotations
@@ -23,14 +33,18 @@ from gagpo.schemas.policy import staleness
 
 @dataclass
 class MicroBatch:
-    input_ids: torch.Tensor  # [b, T] left-padded prompt + action
+    """Rows are segments [b, T]; the action tensors are per action [A, L] and [A]."""
+
+    input_ids: torch.Tensor  # [b, T] segment tokens, right-padded
     attention_mask: torch.Tensor  # [b, T]
-    position_ids: torch.Tensor  # [b, T] 0 at each row's first real token
-    action_mask: torch.Tensor  # [b, L] True on action tokens (right-aligned)
-    logp_behav: torch.Tensor  # [b, L] behaviour log-probs, 0 where masked
-    advantages: torch.Tensor  # [b]
-    staleness: torch.Tensor  # [b] of each row's own step (schemas.policy.staleness)
-    valid: torch.Tensor  # [b] actions the loss can use (tokens, context, finite inputs)
+    position_ids: torch.Tensor  # [b, T] 0 at each row's first token
+    token_rows: torch.Tensor  # [N] row of each action token the loss reads (action_mask order)
+    token_cols: torch.Tensor  # [N] the column whose hidden state predicts it (its own − 1)
+    action_mask: torch.Tensor  # [A, L] True on the action tokens read (left-aligned), valid only
+    logp_behav: torch.Tensor  # [A, L] behaviour log-probs, 0 where masked
+    advantages: torch.Tensor  # [A]
+    staleness: torch.Tensor  # [A] of each action's own step (schemas.policy.staleness)
+    valid: torch.Tensor  # [A] actions the loss can use (tokens, context, finite inputs)
     weight: float = 0.0  # share of the optimiser step's loss denominator (set by `plan`)
 
     @property
@@ -39,7 +53,12 @@ class MicroBatch:
 
     @property
     def tokens(self) -> int:
+        """Tokens encoded (padding excluded)."""
         return int(self.attention_mask.sum())
+
+    @property
+    def segments(self) -> int:
+        return self.input_ids.shape[0]
 
     def to(self, device: torch.device) -> MicroBatch:
         moved = {
@@ -56,56 +75,134 @@ def _values(column: pa.ChunkedArray) -> np.ndarray:
     return pc.list_flatten(column).to_numpy(zero_copy_only=False)
 
 
-def _place(
-    out: np.ndarray,
-    values: np.ndarray,
-    lengths: np.ndarray,
-    ends: np.ndarray,
-    keep_from: np.ndarray | None = None,
-) -> None:
-    """Write each row's `values` into `out` so that they end at column `ends[row]`;
-    with `keep_from`, only elements at index ≥ keep_from[row] of the row are written."""
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    starts = np.cumsum(lengths) - lengths
-    pos = np.arange(len(values)) - np.repeat(starts, lengths)
-    cols = np.repeat(ends - lengths, lengths) + pos
-    if keep_from is not None:
-        keep = pos >= np.repeat(keep_from, lengths)
-        rows, cols, values = rows[keep], cols[keep], values[keep]
-    out[rows, cols] = values
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Offset of each row's first element in the flattened values."""
+    return np.cumsum(lengths) - lengths
 
 
-def collate(table: pa.Table, version: int, pad_id: int, max_positions: int) -> MicroBatch:
-    """Tensors for the rows of `table` (BATCH_COLUMNS). Prompts longer than the model's
-    context are cut from the left; an action with no tokens or no context is not valid."""
-    p_len, a_len = _lengths(table[C.PROMPT_IDS]), _lengths(table[C.ACTION_IDS])
-    # An action that alone fills the context keeps its last tokens and is not valid.
-    a_keep = np.minimum(a_len, max_positions - 1)
-    kept_p = np.clip(np.minimum(p_len, max_positions - a_keep), 0, None)
-    n = kept_p + a_keep
-    b, width, L = len(n), max(int(n.max(initial=1)), 1), max(int(a_keep.max(initial=1)), 1)
-    ids = np.full((b, width), pad_id, dtype=np.int64)
-    _place(ids, _values(table[C.PROMPT_IDS]), p_len, width - a_keep, keep_from=p_len - kept_p)
-    _place(ids, _values(table[C.ACTION_IDS]), a_len, np.full(b, width), keep_from=a_len - a_keep)
-    attention = np.arange(width)[None, :] >= (width - n)[:, None]
-    behav = np.zeros((b, L), dtype=np.float32)
-    _place(
-        behav, _values(table[C.BEHAVIOR_LOGPROBS]), a_len, np.full(b, L), keep_from=a_len - a_keep
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For rows of `lengths` elements beginning at `starts` in some flat values: the row of
+    each element, its index within its row, and its index into the flat values."""
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(_starts(lengths), lengths)
+    return owner, within, np.repeat(starts, lengths) + within
+
+
+def too_long(table: pa.Table, max_positions: int) -> np.ndarray:
+    """Steps whose `prompt_ids + action_ids` exceed the model's context: left out, never cut."""
+    return _lengths(table[C.PROMPT_IDS]) + _lengths(table[C.ACTION_IDS]) > max_positions
+
+
+@dataclass
+class Segments:
+    """The steps of a table sorted by (group, trajectory, step), as flat arrays, and their
+    segmentation."""
+
+    prompt_len: np.ndarray  # [steps]
+    action_len: np.ndarray  # [steps]
+    tokens: np.ndarray  # every step's prompt + action, flattened step after step
+    behav: np.ndarray  # the behaviour log-probs, flattened
+    advantages: np.ndarray  # [steps]
+    versions: np.ndarray  # [steps] policy version of each step
+    segment: np.ndarray  # [steps] segment of each step; −1: not encoded (empty or too long)
+    last: np.ndarray  # [segments] the step whose prompt + action are the segment's tokens
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """[segments] tokens of each segment."""
+        return self.prompt_len[self.last] + self.action_len[self.last]
+
+
+def _tokens(table: pa.Table, p_len: np.ndarray, a_len: np.ndarray) -> np.ndarray:
+    """Every step's `prompt_ids + action_ids`, flattened step after step."""
+    n = p_len + a_len
+    out = np.empty(int(n.sum()), dtype=np.int64)
+    starts = _starts(n)
+    out[_ranges(starts, p_len)[2]] = _values(table[C.PROMPT_IDS])
+    out[_ranges(starts + p_len, a_len)[2]] = _values(table[C.ACTION_IDS])
+    return out
+
+
+def _extends(traj: pa.Array, tokens: np.ndarray, p_len: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """[steps] whether each step's prompt begins exactly with the previous row's
+    prompt + action, the previous row being the same trajectory's previous step."""
+    same = np.zeros(len(n), dtype=bool)
+    if len(n) > 1:
+        same[1:] = pc.equal(traj[1:], traj[:-1]).to_numpy(zero_copy_only=False)
+    cand = np.flatnonzero(same & (p_len >= np.roll(n, 1)))  # long enough to hold it
+    m = n[cand - 1]  # tokens to compare, per candidate
+    owner, _, prev_at = _ranges(_starts(n)[cand - 1], m)  # the previous prompt + action
+    _, _, cur_at = _ranges(_starts(n)[cand], m)  # the first m tokens of this step's prompt
+    differs = tokens[prev_at] != tokens[cur_at]
+    out = np.zeros(len(n), dtype=bool)
+    out[cand] = np.bincount(owner, weights=differs, minlength=len(cand)) == 0
+    return out
+
+
+def segment(table: pa.Table, max_positions: int, merge: bool = True) -> Segments:
+    """Split each trajectory into segments whose prompts extend each other (module doc).
+    A step that is empty or longer than `max_positions` is in none, and the next step
+    starts a new one; with `merge` off every other step is a segment of its own."""
+    order = pc.sort_indices(
+        table, [(C.GROUP_ID, "ascending"), (C.TRAJ_ID, "ascending"), (C.STEP, "ascending")]
     )
-    action_mask = np.arange(L)[None, :] >= (L - a_keep)[:, None]
-    advantages = table[C.ADVANTAGE].to_numpy().astype(np.float32)
+    table = table.take(order)
+    p_len, a_len = _lengths(table[C.PROMPT_IDS]), _lengths(table[C.ACTION_IDS])
+    n = p_len + a_len
+    tokens = _tokens(table, p_len, a_len)
+    encoded = (n > 0) & (n <= max_positions)
+    joins = np.zeros(len(n), dtype=bool)
+    if merge:
+        extends = _extends(table[C.TRAJ_ID].combine_chunks(), tokens, p_len, n)
+        joins = extends & encoded & np.roll(encoded, 1)
+    seg = np.where(encoded, np.cumsum(encoded & ~joins) - 1, -1)
+    steps = np.flatnonzero(encoded)
+    ends = np.r_[seg[steps][1:] != seg[steps][:-1], True] if len(steps) else np.zeros(0, bool)
+    return Segments(
+        prompt_len=p_len,
+        action_len=a_len,
+        tokens=tokens,
+        behav=_values(table[C.BEHAVIOR_LOGPROBS]).astype(np.float32),
+        advantages=table[C.ADVANTAGE].to_numpy().astype(np.float32),
+        versions=table[C.POLICY_VERSION].to_numpy().astype(np.int64),
+        segment=seg,
+        last=steps[ends],
+    )
+
+
+def collate(segs: Segments, chosen: np.ndarray, version: int, pad_id: int) -> MicroBatch:
+    """Tensors for segments `chosen` of `segs` and every action in them. An action with no
+    tokens, no context or non-finite inputs is not valid."""
+    p_len, a_len = segs.prompt_len, segs.action_len
+    lengths = segs.lengths[chosen]
+    b, width = len(chosen), max(int(lengths.max(initial=1)), 1)
+    owner, col, at = _ranges(_starts(p_len + a_len)[segs.last[chosen]], lengths)
+    ids = np.full((b, width), pad_id, dtype=np.int64)
+    ids[owner, col] = segs.tokens[at]
+    attention = np.arange(width)[None, :] < lengths[:, None]
+
+    row_of = np.full(len(segs.last) + 1, -1)  # segment → row here; index −1: not encoded
+    row_of[chosen] = np.arange(b)
+    steps = np.flatnonzero(row_of[segs.segment] >= 0)
+    rows, p, a = row_of[segs.segment[steps]], p_len[steps], a_len[steps]
+    A, L = len(steps), max(int(a.max(initial=1)), 1)
+    act, j, at = _ranges(_starts(a_len)[steps], a)  # each action token: its action, index
+    behav = np.zeros((A, L), dtype=np.float32)
+    behav[act, j] = segs.behav[at]
+    advantages = segs.advantages[steps]
     finite = np.isfinite(behav).all(1) & np.isfinite(advantages)
-    valid = (a_len > 0) & (kept_p > 0) & (a_keep == a_len) & finite
-    attention_t = torch.from_numpy(attention)
-    lag = staleness(version, table[C.POLICY_VERSION].to_numpy().astype(np.int64))  # [b]
+    valid = (a > 0) & (p > 0) & finite
+    read = valid[act]  # the tokens the loss reads, in action_mask's row-major order
     return MicroBatch(
         input_ids=torch.from_numpy(ids),
-        attention_mask=attention_t.long(),
-        position_ids=(attention_t.long().cumsum(1) - 1).clamp(min=0),
-        action_mask=torch.from_numpy(action_mask & valid[:, None]),
+        attention_mask=torch.from_numpy(attention).long(),
+        position_ids=torch.arange(width).expand(b, width).contiguous(),
+        token_rows=torch.from_numpy(rows[act][read]),
+        token_cols=torch.from_numpy((p[act] + j - 1)[read]),
+        action_mask=torch.from_numpy((np.arange(L)[None, :] < a[:, None]) & valid[:, None]),
         logp_behav=torch.from_numpy(np.where(np.isfinite(behav), behav, 0.0).astype(np.float32)),
         advantages=torch.from_numpy(np.where(np.isfinite(advantages), advantages, 0.0)),
-        staleness=torch.from_numpy(lag),
+        staleness=torch.from_numpy(staleness(version, segs.versions[steps])),
         valid=torch.from_numpy(valid),
     )
 
@@ -131,14 +228,14 @@ def plan(
     max_positions: int,
     budget: int,
     token_mean: bool,
+    merge: bool = True,
 ) -> list[MicroBatch]:
-    """Micro-batches of `table`, each weighted by its share of the loss denominator
-    (valid actions, or their tokens with token-mean aggregation), so that the sum of
-    weighted micro-batch losses is the loss over the whole table."""
-    lengths = _lengths(table[C.PROMPT_IDS]) + _lengths(table[C.ACTION_IDS])
-    batches = [
-        collate(table.take(idx), version, pad_id, max_positions) for idx in bucket(lengths, budget)
-    ]
+    """Micro-batches of `table`'s segments, each weighted by its share of the loss
+    denominator (valid actions, or their tokens with token-mean aggregation), so that the
+    sum of weighted micro-batch losses is the loss over the whole table. Steps past the
+    context are in none (`too_long` counts them)."""
+    segs = segment(table, max_positions, merge)
+    batches = [collate(segs, idx, version, pad_id) for idx in bucket(segs.lengths, budget)]
     counts = [float(mb.action_mask.sum() if token_mean else mb.valid.sum()) for mb in batches]
     total = max(sum(counts), 1.0)
     for mb, count in zip(batches, counts, strict=True):

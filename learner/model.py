@@ -89,30 +89,49 @@ def action_logprobs(
     with_entropy: bool = False,
     autocast_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(y_k | prompt, y_<k) of every action token [b, L], and the entropy if asked.
+    """log π(y_k | context, y_<k) of every action token [A, L], and the entropy if asked.
 
+    The rows are segments (learner/batching.py) and each action sits at its own columns, so
+    only the hidden states that predict an action token are projected onto the vocabulary:
+    a pre-hook on the output embedding gathers them (`mb.token_rows`, `mb.token_cols`)
+    before the projection. The hook sits on the module itself, so it holds inside FSDP2's
+    root forward, with peft's in-place adapters and under autocast alike; transformers'
+    `logits_to_keep` keeps the same columns for every row, which segments do not share.
     With `autocast_dtype` (bf16, see `precision.py`) the forward pass runs under autocast;
     the softmax below is always taken in float32 on float32 logits."""
     from gagpo.learner.precision import autocast
 
-    L = mb.action_len
-    with autocast(mb.input_ids.device, autocast_dtype):
-        out = model(
-            input_ids=mb.input_ids,
-            attention_mask=mb.attention_mask,
-            position_ids=mb.position_ids,
-            logits_to_keep=L + 1,  # the last L+1 positions predict the action tokens
-            use_cache=False,
-        )
-    logits = out.logits[:, :-1].float() / temperature  # [b, L, V]
-    log_norm = torch.logsumexp(logits, dim=-1)  # [b, L]
-    targets = mb.input_ids[:, -L:]
-    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - log_norm  # [b, L]
+    rows, cols = mb.token_rows, mb.token_cols
+
+    def action_positions(_module, args):
+        return (args[0][rows, cols], *args[1:])  # [b, T, H] → [N, H]
+
+    hook = model.get_output_embeddings().register_forward_pre_hook(action_positions)
+    try:
+        with autocast(mb.input_ids.device, autocast_dtype):
+            out = model(
+                input_ids=mb.input_ids,
+                attention_mask=mb.attention_mask,
+                position_ids=mb.position_ids,
+                logits_to_keep=0,  # every position reaches the head; the hook keeps N
+                use_cache=False,
+            )
+    finally:
+        hook.remove()
+    logits = out.logits.float() / temperature  # [N, V]
+    log_norm = torch.logsumexp(logits, dim=-1)  # [N]
+    targets = mb.input_ids[rows, cols + 1]  # [N] each position predicts the next token
+    logp = _per_action(logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm, mb)
     entropy = None
     if with_entropy:
         probs = torch.softmax(logits, dim=-1)
-        entropy = log_norm - (probs * logits).sum(-1)  # H = logZ − E[logit]
+        entropy = _per_action(log_norm - (probs * logits).sum(-1), mb)  # H = logZ − E[logit]
     return logp, entropy
+
+
+def _per_action(values: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    """[N] values of the tokens read → [A, L] on `mb.action_mask` (0 elsewhere)."""
+    return values.new_zeros(mb.action_mask.shape).masked_scatter(mb.action_mask, values)
 
 
 # --- LoRA (through peft) ----------------------------------------------------------------

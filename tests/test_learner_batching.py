@@ -1,4 +1,4 @@
-"""Micro-batching: left-padded collation scores actions exactly as unpadded rows do."""
+"""Micro-batching: segment rows, right-padded, score each action exactly as its own unpadded row does."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from gagpo.learner.batching import bucket, collate, plan
+from gagpo.learner.batching import bucket, plan, too_long
 from gagpo.learner.model import action_logprobs, load_model
 from gagpo.schemas import columns as C
 from tests.helpers.learner import tiny_model_dir
@@ -16,10 +16,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def table(prompts, actions, behav=None, adv=None, versions=None) -> pa.Table:
+    """Steps, each its own trajectory unless its prompt extends the previous row's."""
     n = len(prompts)
     return pa.table(
         {
             C.GROUP_ID: [f"g{i // 2}" for i in range(n)],
+            C.TRAJ_ID: [f"t{i}" for i in range(n)],
+            C.STEP: pa.array([0] * n, pa.int32()),
             C.PROMPT_IDS: pa.array(prompts, pa.list_(pa.int32())),
             C.ACTION_IDS: pa.array(actions, pa.list_(pa.int32())),
             C.BEHAVIOR_LOGPROBS: pa.array(
@@ -31,28 +34,54 @@ def table(prompts, actions, behav=None, adv=None, versions=None) -> pa.Table:
     )
 
 
-def test_collate_layout():
-    mb = collate(
-        table([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]]), version=2, pad_id=0, max_positions=64
+def batch(t: pa.Table, max_positions: int = 64, merge: bool = True, version: int = 0):
+    (mb,) = plan(
+        t,
+        version=version,
+        pad_id=0,
+        max_positions=max_positions,
+        budget=1 << 20,
+        token_mean=False,
+        merge=merge,
     )
-    assert mb.input_ids.tolist() == [[5, 6, 7, 9, 10], [0, 8, 11, 12, 13]]
-    assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]
-    assert mb.position_ids[1].tolist() == [0, 0, 1, 2, 3]
-    assert mb.action_mask.tolist() == [[False, True, True], [True, True, True]]
+    return mb
+
+
+def test_collate_layout():
+    mb = batch(table([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]]), version=2)
+    assert mb.input_ids.tolist() == [[5, 6, 7, 9, 10], [8, 11, 12, 13, 0]]  # right-padded
+    assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert mb.position_ids[1].tolist()[:4] == [0, 1, 2, 3]
+    assert mb.action_mask.tolist() == [[True, True, False], [True, True, True]]
+    # each action token read where the token before it is: its own column − 1
+    assert mb.token_rows.tolist() == [0, 0, 1, 1, 1]
+    assert mb.token_cols.tolist() == [2, 3, 0, 1, 2]
     assert mb.staleness.tolist() == [2, 2] and mb.valid.all()
 
 
-def test_invalid_actions_and_prompt_truncation():
+def test_a_trajectory_whose_prompts_extend_each_other_is_one_row():
+    t = table([[5, 6], [5, 6, 7, 8, 9], [5, 6, 7, 9]], [[7], [10, 11], [12]])
+    t = t.set_column(1, C.TRAJ_ID, pa.array(["t"] * 3)).set_column(
+        2, C.STEP, pa.array([0, 1, 2], pa.int32())
+    )
+    mb = batch(t)  # step 2 breaks the history (9 where step 1 had 8): a new segment
+    assert mb.input_ids.tolist() == [[5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 9, 12, 0, 0]]
+    assert mb.token_rows.tolist() == [0, 0, 0, 1] and mb.token_cols.tolist() == [1, 4, 5, 3]
+    assert batch(t, merge=False).segments == 3
+
+
+def test_invalid_actions_and_steps_past_the_context():
     t = table(
         [[1, 2, 3, 4, 5, 6], [], [7], [8]],
         [[9], [10], [], [11]],
         behav=[[-1.0], [-1.0], [], [float("nan")]],
     )
-    mb = collate(t, version=0, pad_id=0, max_positions=4)
-    assert mb.input_ids[0].tolist()[-4:] == [4, 5, 6, 9]  # prompt cut from the left
-    # no context, no tokens, non-finite behaviour log-prob
-    assert mb.valid.tolist() == [True, False, False, False]
-    assert not mb.action_mask[1:].any() and torch.isfinite(mb.logp_behav).all()
+    mb = batch(t, max_positions=4)
+    assert too_long(t, 4).tolist() == [True, False, False, False]
+    # the step past the context is in no row (never cut); no context, no tokens, not finite
+    assert sorted(mb.input_ids.tolist()) == [[7, 0], [8, 11], [10, 0]]
+    assert mb.valid.tolist() == [False, False, False]
+    assert not mb.action_mask.any() and torch.isfinite(mb.logp_behav).all()
 
 
 def test_bucket_respects_the_budget_and_keeps_every_row():
@@ -82,7 +111,7 @@ def test_plan_weights_sum_to_one(token_mean):
 def test_padded_scores_equal_unpadded_scores():
     model = load_model(tiny_model_dir(), torch.device("cpu")).eval()
     prompts, actions = [[5, 6, 7, 8, 9], [10, 11], [12]], [[13, 14], [15, 16, 17], [18]]
-    mb = collate(table(prompts, actions), version=0, pad_id=0, max_positions=128)
+    mb = batch(table(prompts, actions), max_positions=128)
     with torch.no_grad():
         logp, entropy = action_logprobs(model, mb, temperature=1.0, with_entropy=True)
         for i, (p, a) in enumerate(zip(prompts, actions, strict=True)):

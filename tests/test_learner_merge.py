@@ -1,0 +1,252 @@
+"""Turn merging (learner/batching.py): each trajectory's steps whose prompts extend each
+other are encoded once, as one segment, and the update is the per-step update: the same
+loss, per-action ratios, behaviour weights and gradients (fp32, ≤ 1e-5) on one process,
+with LoRA, and under FSDP on 2 CPU ranks. Steps past the context are left out, never cut."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import torch
+
+from gagpo.learner import train as train_module
+from gagpo.learner.batching import plan, segment
+from gagpo.learner.config import LearnerConfig, LossSettings
+from gagpo.learner.dist import Dist
+from gagpo.learner.model import add_lora, load_model
+from gagpo.learner.train import run_update
+from gagpo.schemas import columns as C
+from gagpo.schemas.store import Store
+from tests.helpers.history import counted_once, full_history_batch, full_history_steps
+from tests.helpers.learner import parameters, run_torchrun, tiny_learner_args, tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CPU = Dist(0, 1, torch.device("cpu"))
+TOL = 1e-5
+
+
+def brute_force_segments(table: pa.Table, max_positions: int) -> list[list[tuple[str, int]]]:
+    """Segments as lists of (traj_id, step), by the definition, one step at a time."""
+    rows = sorted(table.to_pylist(), key=lambda r: (r[C.GROUP_ID], r[C.TRAJ_ID], r[C.STEP]))
+    out, prev = [], None
+    for r in rows:
+        seq = r[C.PROMPT_IDS] + r[C.ACTION_IDS]
+        if not seq or len(seq) > max_positions:
+            prev = None
+            continue
+        if prev is not None and prev[0] == r[C.TRAJ_ID]:
+            before = prev[1]
+            if r[C.PROMPT_IDS][: len(before)] == before:
+                out[-1].append((r[C.TRAJ_ID], r[C.STEP]))
+                prev = (r[C.TRAJ_ID], seq)
+                continue
+        out.append([(r[C.TRAJ_ID], r[C.STEP])])
+        prev = (r[C.TRAJ_ID], seq)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_breaks_start_segments_as_the_brute_force_does(seed):
+    table = full_history_batch(groups=2, group_size=3, turns=12, seed=seed, break_p=0.25)
+    max_positions = 40  # some later steps do not fit: in no segment
+    segs = segment(table, max_positions)
+    ordered = table.take(
+        pc.sort_indices(table, [(c, "ascending") for c in (C.GROUP_ID, C.TRAJ_ID, C.STEP)])
+    )
+    keys = list(zip(ordered[C.TRAJ_ID].to_pylist(), ordered[C.STEP].to_pylist(), strict=True))
+    got = [[keys[i] for i in np.flatnonzero(segs.segment == s)] for s in range(len(segs.last))]
+    expected = brute_force_segments(table, max_positions)
+    assert got == expected
+    assert any(len(s) > 1 for s in got) and len(got) > 6  # merges and breaks both occur
+    # merging off: every encoded step alone
+    alone = segment(table, max_positions, merge=False)
+    assert len(alone.last) == sum(len(s) for s in expected)
+
+
+def test_merged_tokens_are_each_trajectory_once():
+    table = full_history_batch(groups=2, group_size=3, turns=20)
+    kw = dict(version=0, pad_id=0, max_positions=128, budget=512, token_mean=False)
+    merged, per_step = plan(table, **kw), plan(table, merge=False, **kw)
+    assert sum(mb.segments for mb in merged) == 6  # one row per trajectory
+    assert sum(mb.tokens for mb in merged) == counted_once(table)
+    assert sum(mb.tokens for mb in per_step) > 5 * counted_once(table)
+    for mbs in (merged, per_step):  # every action once, packed within the budget
+        assert sum(int(mb.valid.sum()) for mb in mbs) == table.num_rows
+        assert all(mb.segments == 1 or mb.input_ids.numel() <= 512 for mb in mbs)
+
+
+class Recorder:
+    """An SGD 'optimiser' that keeps each step's gradients (by parameter name) and moves
+    the weights, so that later slices see a π_θ that differs from π_prox."""
+
+    def __init__(self, model, lr: float = 0.1):
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.lr, self.grads = lr, []
+
+    def step(self):
+        self.grads.append({n: p.grad.detach().clone() for n, p in self.named})
+        with torch.no_grad():
+            for _, p in self.named:
+                p -= self.lr * p.grad
+
+    def zero_grad(self, set_to_none=True):
+        for _, p in self.named:
+            p.grad = None
+
+
+class NoSchedule:
+    def step(self):
+        pass
+
+
+def one_update(
+    model, ref, table, merge: bool, monkeypatch, budget: int = 256, terms: bool = False
+) -> dict:
+    """`run_update` (2 mini-batches of `budget`-token micro-batches; with `terms`, the KL
+    and entropy terms too) with every action's ratio and behaviour weight recorded, keyed
+    by its advantage (all distinct).
+
+    The KL and entropy terms are token means per micro-batch, weighted by the micro-batch's
+    share of actions (learner/loss.py, learner/train.py): they depend on how the actions
+    fall into micro-batches, for per-step rows too. So they are compared where both sides
+    form one micro-batch per slice; the policy-gradient term does not depend on it."""
+    seen = []
+    real_loss = train_module.gagpo_loss
+
+    def recording_loss(logp, logp_prox, logp_behav, mask, advantages, cfg, **kw):
+        out, m = real_loss(logp, logp_prox, logp_behav, mask, advantages, cfg, **kw)
+        seen.append((advantages.clone(), m["ratio"].clone(), m["behavior_weight"].clone()))
+        return out, m
+
+    monkeypatch.setattr(train_module, "gagpo_loss", recording_loss)
+    cfg = LearnerConfig(
+        store="unused",
+        policy=str(tiny_model_dir()),
+        batch_groups=2,
+        mini_batches=2,
+        micro_batch_tokens=budget,
+        merge_turns=merge,
+        loss=LossSettings(kl_coef=0.1 if terms else 0.0, entropy_coef=0.01 if terms else 0.0),
+    )
+    optimizer = Recorder(model)
+    stats, hist = run_update(
+        model, optimizer, NoSchedule(), table, version=0, cfg=cfg, d=CPU, pad_id=0, ref_model=ref
+    )
+    adv, ratio, weight = (torch.cat([s[i] for s in seen]).numpy() for i in range(3))
+    order = np.argsort(adv)
+    return {
+        "stats": stats,
+        "hist": hist,
+        "ratio": ratio[order],
+        "weight": weight[order],
+        "grads": optimizer.grads,
+    }
+
+
+def assert_same_update(a: dict, b: dict, fewer_tokens: bool = True) -> None:
+    for key in ("loss", "pg_loss", "kl_ref", "entropy", "approx_kl", "behavior_weight_mean"):
+        assert abs(a["stats"][key] - b["stats"][key]) <= TOL, key
+    assert a["stats"]["actions"] - a["stats"]["context_skipped"] == b["stats"]["actions"]
+    assert a["stats"]["action_tokens"] == b["stats"]["action_tokens"]
+    assert np.abs(a["ratio"] - b["ratio"]).max() <= TOL
+    assert np.abs(a["weight"] - b["weight"]).max() <= TOL
+    assert np.abs(a["ratio"] - 1).max() > 5e-5  # the second slice's ratios moved
+    assert len(a["grads"]) == len(b["grads"]) == 2
+    for ga, gb in zip(a["grads"], b["grads"], strict=True):
+        for name in ga:
+            assert (ga[name] - gb[name]).abs().max() <= TOL, name
+        assert any(g.abs().max() > 1e-4 for g in ga.values())
+    if fewer_tokens:
+        assert a["stats"]["tokens"] * 4 < b["stats"]["tokens"]  # merged encodes far fewer
+
+
+@pytest.mark.parametrize(("budget", "terms"), [(512, False), (8192, True)])
+def test_merged_update_equals_per_step_update(monkeypatch, budget, terms):
+    table = full_history_batch(groups=2, group_size=3, turns=20)
+    base = load_model(tiny_model_dir(), torch.device("cpu"))
+    ref = load_model(tiny_model_dir(), torch.device("cpu")).eval().requires_grad_(False)
+    merged = one_update(copy.deepcopy(base), ref, table, True, monkeypatch, budget, terms)
+    per_step = one_update(copy.deepcopy(base), ref, table, False, monkeypatch, budget, terms)
+    assert merged["stats"]["segments"] == 6 and per_step["stats"]["segments"] == 120
+    if terms:
+        assert merged["stats"]["kl_ref"] > 0 and merged["stats"]["entropy"] > 0
+    assert_same_update(merged, per_step)
+
+
+def test_merged_update_equals_per_step_update_with_lora(monkeypatch):
+    table = full_history_batch(groups=2, group_size=3, turns=20, seed=3)
+    base = load_model(tiny_model_dir(), torch.device("cpu"))
+    torch.manual_seed(0)
+    add_lora(base, 4, 8.0, ["q_proj", "v_proj"])
+    ref = load_model(tiny_model_dir(), torch.device("cpu")).eval().requires_grad_(False)
+    merged = one_update(copy.deepcopy(base), ref, table, True, monkeypatch)
+    per_step = one_update(copy.deepcopy(base), ref, table, False, monkeypatch)
+    assert all("lora_" in name for name in merged["grads"][0])
+    assert_same_update(merged, per_step)
+
+
+def test_a_step_past_the_context_is_left_out_never_cut(monkeypatch, capsys):
+    """The tiny policy's context is 128 tokens: the late steps of 40-turn rollouts exceed
+    it. They are counted, left out of the loss, and named once; the update equals the one
+    on the table without them."""
+    table = full_history_batch(groups=2, group_size=3, turns=40, seed=5)
+    n = pc.add(
+        pc.list_value_length(table[C.PROMPT_IDS]),
+        pc.list_value_length(table[C.ACTION_IDS]),
+    )
+    over = pc.greater(n, 128)
+    count = pc.sum(over).as_py()
+    assert 0 < count < table.num_rows
+    train_module._SAID_CONTEXT.clear()
+    base = load_model(tiny_model_dir(), torch.device("cpu"))
+    ref = load_model(tiny_model_dir(), torch.device("cpu")).eval().requires_grad_(False)
+    whole = one_update(copy.deepcopy(base), ref, table, True, monkeypatch)
+    warned = capsys.readouterr().err
+    assert f"{count} step(s)" in warned and "max_position_embeddings = 128" in warned
+    one_update(copy.deepcopy(base), ref, table, True, monkeypatch)
+    assert capsys.readouterr().err == ""  # named once
+    fitting = one_update(copy.deepcopy(base), ref, table.filter(pc.invert(over)), True, monkeypatch)
+    assert whole["stats"]["context_skipped"] == count
+    assert fitting["stats"]["context_skipped"] == 0
+    assert whole["stats"]["actions"] == table.num_rows
+    assert whole["stats"]["masked_actions"] == count
+    assert whole["stats"]["tokens"] == fitting["stats"]["tokens"]  # nothing of them encoded
+    assert_same_update(whole, fitting, fewer_tokens=False)
+
+
+@pytest.mark.slow
+def test_fsdp_merged_equals_per_step(tmp_path):
+    """Two CPU ranks under FSDP, with merging and without, on the same store: the published
+    parameters agree to 1e-5. lr 1 with adam_eps 1 makes AdamW's first step about lr·g, so
+    a gradient difference shows in the weights (a plain AdamW step would only keep signs)."""
+    published = {}
+    for merge in ("--merge-turns", "--no-merge-turns"):
+        store = Store(str(tmp_path / merge))
+        for i in range(2):
+            steps = full_history_steps(groups=2, group_size=3, turns=20, seed=i, shard_id=f"s{i}")
+            store.write_shard(steps, group_size=3)
+        args = tiny_learner_args(
+            tmp_path / merge,
+            merge,
+            "--parallel",
+            "fsdp",
+            updates=2,
+            batch_groups=2,
+            lr=1.0,
+            adam_eps=1.0,
+            micro_batch_tokens=256,
+        )
+        run = run_torchrun(*args)
+        assert run.returncode == 0, run.stderr[-8000:]
+        published[merge] = parameters(store.policies.dir(2))
+    base = parameters(tiny_model_dir())
+    a, b = published.values()
+    assert a.keys() == b.keys()
+    assert max(np.abs(a[k] - base[k]).max() for k in a) > 1e-2  # the weights moved
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=TOL, rtol=0, err_msg=name)
