@@ -3,7 +3,9 @@
 The store is the only channel (docs/design.md §1, §7). Before each group the actor reads
 
     N  the backlog: committed groups not yet in the learner's ledger (shard listing minus
-       `learner/ledger.parquet`), plus the groups it holds itself, not yet committed;
+       `learner/ledger.parquet`, and the archive's groups no learner consumed: `gagpo
+       compact --all` moves them into segments), plus the groups it holds itself, not yet
+       committed;
     V  the learner's version after its last recorded update, B its batch size and S its
        max_staleness: the ledger's file metadata (the learner writes it when it starts and
        with every update; before that, a small default bound below).
@@ -34,6 +36,14 @@ import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
+from gagpo.schemas.archive import (
+    Segment,
+    file_groups,
+    ledger_part_path,
+    read_manifest,
+    segment_path,
+)
+from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.policy import staleness
 from gagpo.schemas.store import ShardRef, Store
 
@@ -76,11 +86,12 @@ class Throttle:
     def __init__(self, store: Store, poll_s: float = POLL_S) -> None:
         self.store, self.poll_s = store, poll_s
         self._shard_groups: dict[str, int] = {}  # shard path → groups it holds (immutable)
+        self._segment_groups: dict[str, set[str]] = {}  # segment id → its unconsumed groups
         self.seconds_waited = 0.0
 
     def backlog(self) -> Backlog:
-        consumed, total, meta = self._ledger()
-        groups = 0
+        consumed, total, meta, recorded = self._ledger()
+        groups = self._archived_unconsumed(recorded)
         for ref in self.store.list_shards():
             size = total.get(ref.shard_id)
             if size is None:
@@ -117,26 +128,51 @@ class Throttle:
         time.sleep(self.poll_s)
         self.seconds_waited += time.perf_counter() - t0
 
-    def _ledger(self) -> tuple[dict[str, int], dict[str, int], dict[bytes, bytes]]:
-        """Groups consumed per shard, each consumed shard's size, and the ledger metadata."""
+    def _ledger(self) -> tuple[dict[str, int], dict[str, int], dict[bytes, bytes], set[str]]:
+        """Groups consumed per shard, each consumed shard's size, the ledger metadata, and
+        the group ids the tail records."""
         path = layout.ledger(self.store.root)
         try:
-            table = self.store.read_table(path, [C.SHARD_ID, C.SHARD_GROUPS])
+            table = self.store.read_table(path, [C.SHARD_ID, C.SHARD_GROUPS, C.GROUP_ID])
         except FileNotFoundError:
-            return {}, {}, {}
+            return {}, {}, {}, set()
         shards = table[C.SHARD_ID].combine_chunks()
         counts = pc.value_counts(shards)
         consumed = dict(
             zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True)
         )
         total = dict(zip(shards.to_pylist(), table[C.SHARD_GROUPS].to_pylist(), strict=True))
-        return consumed, total, dict(table.schema.metadata or {})
+        recorded = set(table[C.GROUP_ID].to_pylist())
+        return consumed, total, dict(table.schema.metadata or {}), recorded
+
+    def _archived_unconsumed(self, recorded: set[str]) -> int:
+        """Groups the archive holds that no learner consumed (`gagpo compact --all` moves
+        them out of the inbox): those of segments the manifest does not mark consumed,
+        less the ones with a ledger row (the segment's ledger part, or the tail a learner
+        wrote since it read them). Segments never change under their id, so each is read
+        once (its group_id column) and remembered."""
+        manifest = read_manifest(self.store)
+        waiting = 0
+        for segment in manifest.segments if manifest else ():
+            if not segment.consumed:
+                waiting += len(self._unconsumed_in(segment) - recorded)
+        return waiting
+
+    def _unconsumed_in(self, segment: Segment) -> set[str]:
+        """The groups of `segment` its own ledger part does not record."""
+        if segment.id not in self._segment_groups:
+            groups = file_groups(self.store, segment_path(self.store, segment.id))
+            if segment.min_update is not None:  # some of its groups were consumed
+                part = self.store.read_table(ledger_part_path(self.store, segment.id), [C.GROUP_ID])
+                groups -= set(part[C.GROUP_ID].to_pylist())
+            self._segment_groups[segment.id] = groups
+        return self._segment_groups[segment.id]
 
     def _groups_in(self, ref: ShardRef) -> int:
         if ref.path not in self._shard_groups:
             try:
                 ids = self.store.read_table(ref.path, [C.GROUP_ID])[C.GROUP_ID]
-            except (OSError, ValueError, pa.ArrowException):
-                return 0  # quarantined meanwhile, or unreadable: the learner will not use it
+            except (OSError, ValueError, pa.ArrowException, GagpoError):
+                return 0  # quarantined meanwhile, unreadable, a link: the learner will not use it
             self._shard_groups[ref.path] = len(pc.unique(ids))
         return self._shard_groups[ref.path]

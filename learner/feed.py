@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.archive import archived_ledger, is_segment, step_files
+from gagpo.schemas.archive import archived_ledger, is_segment, segment_refused, step_files
 from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.policy import staleness
 from gagpo.schemas.store import ShardRef, Store
@@ -281,8 +281,9 @@ class Feed:
             advantages = self.advantage_fn(steps.lazy().select(C.ADVANTAGE_INPUT_COLUMNS)).collect()
         except (ValidationError, pl.exceptions.PolarsError, pa.ArrowInvalid) as exc:
             self.stats.shards_rejected += 1
-            # a replay source is read only, and the archive is never quarantined: skip, counted
-            if not self.replay and not is_segment(ref):
+            if is_segment(ref):  # the archive is never quarantined, nor skipped: refused
+                raise segment_refused(ref.path, str(exc)) from None
+            if not self.replay:  # a replay source is read only: skip, counted
                 self.store.quarantine(ref.path, str(exc))
             return
         except FileNotFoundError:  # quarantined or removed by someone else meanwhile

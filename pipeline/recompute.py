@@ -216,13 +216,13 @@ def shard_task(
     import pyarrow.compute as pc
 
     from gagpo.pipeline.parallel import worker_store
-    from gagpo.schemas.archive import is_segment
+    from gagpo.schemas.archive import is_segment, read_segment
 
     store = worker_store(url)
     try:
-        if is_segment(ref):  # validated when compacted: read only what the stage uses
+        if is_segment(ref):  # its footer validated (schemas/archive.py): only what the stage uses
             columns = list(dict.fromkeys([*C.ADVANTAGE_INPUT_COLUMNS, C.RUN_ID, C.GROUP_ID]))
-            shard = store.read_table(ref.path, columns)
+            shard = read_segment(store, ref.path, columns)
         else:
             shard = store.read_shard(ref)
     except ValidationError as exc:

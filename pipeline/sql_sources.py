@@ -19,9 +19,11 @@ import pyarrow.parquet as pq
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.archive import StepFiles, step_files
+from gagpo.schemas.errors import ValidationError
 from gagpo.schemas.registry import is_published
 from gagpo.schemas.retry import first_line
 from gagpo.schemas.store import Store
+from gagpo.schemas.validate import validate_footer
 
 ESTIMATOR = "estimator"
 
@@ -97,18 +99,27 @@ def readable(store: Store, paths: list[str], schema: pa.Schema | None, what: str
     """The paths whose Parquet footer reads (and whose columns have `schema`'s types, when
     given). One unreadable file would fail every query of its view, so the others are
     skipped and named in one warning line on stderr; the views answer without them."""
-    kept, skipped = [], []
+
+    def check(found: pa.Schema) -> None:
+        wrong = [
+            f.name
+            for f in schema or []
+            if f.name in found.names and not found.field(f.name).type.equals(f.type)
+        ]
+        if wrong:
+            raise ValueError(f"column {wrong[0]} has type {found.field(wrong[0]).type}")
+
+    return _with_footers(store, paths, check, what)
+
+
+def _with_footers(store: Store, paths: list[str], check, what: str, skipped=None) -> list[str]:
+    """The paths whose footer reads and passes `check(schema)`; the others named in one
+    warning line (with `skipped`, reasons found before)."""
+    kept, skipped = [], list(skipped or [])
     for path in paths:
         try:
-            found = store.retrying(f"reading {path}", lambda p=path: _footer_schema(store, p))
-            wrong = [
-                f.name
-                for f in schema or []
-                if f.name in found.names and not found.field(f.name).type.equals(f.type)
-            ]
-            if wrong:
-                raise ValueError(f"column {wrong[0]} has type {found.field(wrong[0]).type}")
-        except (OSError, ValueError, pa.ArrowException) as exc:
+            check(store.retrying(f"reading {path}", lambda p=path: _footer_schema(store, p)))
+        except (OSError, ValueError, pa.ArrowException, ValidationError) as exc:
             skipped.append(f"{posixpath.relpath(path, store.root)} ({first_line(exc, 120)})")
             continue
         kept.append(path)
@@ -143,7 +154,23 @@ def native_segments(store: Store, files: StepFiles) -> list[str] | None:
     paths = files.segment_paths(store)
     if not store.is_local or any(_PATTERN_CHARACTERS & set(p) for p in paths):
         return None
-    return inside(store, paths)
+    return segment_files(store, files)
+
+
+def segment_files(store: Store, files: StepFiles) -> list[str]:
+    """The archive's segments that are the store's own (`inside`: no link) and whose footer
+    passes the segment checks (schemas/validate.py `validate_footer`: schema version, the
+    contract's columns and types). A bad segment would fail every query or give junk rows,
+    so it is skipped and named in one warning line, as a bad inbox shard is; the views
+    answer without it (docs/store.md, "Bad segments")."""
+    paths = files.segment_paths(store)
+    own = inside(store, paths)
+    linked = [
+        f"{posixpath.relpath(p, store.root)} (a symbolic link: never followed)"
+        for p in paths
+        if p not in own
+    ]
+    return _with_footers(store, own, validate_footer, "steps", linked)
 
 
 def inbox_files(store: Store, files: StepFiles) -> list[str]:
@@ -159,7 +186,7 @@ def steps_files(store: Store, files: StepFiles | None = None) -> list[str]:
     alone: their footers are not read here, so a query reads a few large files and no
     dataset discovery runs footer by footer over the history."""
     files = step_files(store) if files is None else files
-    return files.segment_paths(store) + inbox_files(store, files)
+    return segment_files(store, files) + inbox_files(store, files)
 
 
 def parquet_source(filesystem, paths: list[str], schema: pa.Schema, **options):

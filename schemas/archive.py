@@ -46,10 +46,11 @@ from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.layout import (  # noqa: F401  (names importers take from here)
     ARCHIVE,
     CLEARED_SUFFIX,
@@ -58,7 +59,9 @@ from gagpo.schemas.layout import (  # noqa: F401  (names importers take from her
     MOVED_SUFFIX,
     SEGMENTS,
 )
+from gagpo.schemas.retry import first_line
 from gagpo.schemas.store import ShardRef, Store, parquet_table
+from gagpo.schemas.validate import validate_footer, validate_steps
 
 MANIFEST_FORMAT = 2  # 1: the moved shard ids inline (read, never written)
 READABLE_FORMATS = (1, 2)
@@ -113,6 +116,7 @@ class Manifest:
             if fmt not in READABLE_FORMATS:
                 raise ValueError(f"format {fmt!r}")
             segments = tuple(Segment(**(s | {"runs": tuple(s["runs"])})) for s in body["segments"])
+            _check_entries(segments, body.get("moved_file"), where)
             common = dict(
                 generation=int(body["generation"]),
                 segments=segments,
@@ -140,6 +144,25 @@ class Manifest:
         return sum(s.groups for s in self.segments)
 
 
+def _check_entries(segments: tuple[Segment, ...], moved_file: object, where: str) -> None:
+    """Every name a manifest gives becomes a path: segment ids must be ids (schemas/layout.py,
+    `ID_PATTERN`) and the moved list a moved list's own name, or the manifest is refused
+    (a GagpoError naming the file and the entry) before any path is built from it."""
+    for number, segment in enumerate(segments):
+        problem = layout.id_problem(segment.id)
+        if problem is not None:
+            raise GagpoError(
+                f"{where}: segment {number}: {problem}; refused: a manifest names only files "
+                "of its own store (restore the manifest from a copy)"
+            )
+    if moved_file is not None and not layout.is_moved_name(moved_file):
+        shown = repr(moved_file)[:80]
+        raise GagpoError(
+            f"{where}: moved_file {shown} is not a moved list's name; refused: accepted: "
+            f"{layout.moved_name('<generation>', '<id>')}, a file beside the manifest"
+        )
+
+
 def moved_shards(store: Store, manifest: Manifest | None) -> frozenset[str]:
     """The shard ids `manifest`'s generation moved that may still be in the inbox: none
     once it is cleared, else all it moved."""
@@ -158,7 +181,10 @@ def moved_by(store: Store, manifest: Manifest) -> frozenset[str]:
     path = moved_path(store, manifest.moved_file)
     try:
         body = json.loads(store.read_bytes(path))
-        return frozenset(body["shards"])
+        shards = body["shards"]
+        if not isinstance(shards, list) or not all(isinstance(i, str) for i in shards):
+            raise TypeError("'shards' is not a list of shard ids")
+        return frozenset(shards)
     except (ValueError, KeyError, TypeError) as exc:
         raise GagpoError(
             f"{path} is not a readable list of moved shards ({exc}); accepted: the file "
@@ -344,8 +370,12 @@ def read_steps_table(
     of the store's history skips a file it cannot decode."""
 
     def read(files: StepFiles) -> pa.Table:
-        tables = [read_file(store, p, columns, run_id, groups) for p in files.paths(store)]
-        tables = [t for t in tables if t is not None]
+        segments = [
+            read_file(store, p, columns, run_id, groups, segment=True)
+            for p in files.segment_paths(store)
+        ]
+        shards = [read_file(store, r.path, columns, run_id, groups) for r in files.shards]
+        tables = [t for t in segments + shards if t is not None]
         if not tables:
             return _empty(columns)
         return pa.concat_tables(tables, promote_options="default")
@@ -359,16 +389,29 @@ def read_file(
     columns: list[str] | None,
     run_id: str | None = None,
     groups: set[str] | None = None,
+    *,
+    segment: bool = False,
 ) -> pa.Table | None:
-    """One steps file (shard or segment), filtered to `run_id` and `groups`; None when it
-    cannot be decoded. FileNotFoundError propagates (the caller resolves again)."""
+    """One steps file (shard, or a `segment`), filtered to `run_id` and `groups`; None for
+    a shard that cannot be decoded, a one-line refusal for such a segment (`read_segment`).
+    FileNotFoundError propagates (the caller resolves again)."""
     wanted = None if columns is None else list(dict.fromkeys([*columns, C.RUN_ID, C.GROUP_ID]))
+    if segment:
+        table = checked_segment(store, path, wanted)
+        return _filtered(table, columns, run_id, groups)
     try:
         table = parquet_table(store.read_bytes(path), wanted)
     except (pa.ArrowException, OSError, ValueError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise
         return None
+    return _filtered(table, columns, run_id, groups)
+
+
+def _filtered(
+    table: pa.Table, columns: list[str] | None, run_id: str | None, groups: set[str] | None
+) -> pa.Table:
+    """`table`'s rows of `run_id` and `groups` (when given), only `columns` (when given)."""
     mask = None
     if run_id is not None:
         mask = pc.equal(table[C.RUN_ID], run_id)
@@ -378,6 +421,59 @@ def read_file(
     if mask is not None:
         table = table.filter(mask)
     return table if columns is None else table.select(columns)
+
+
+def read_segment(store: Store, path: str, columns: list[str] | None = None) -> pa.Table:
+    """An archive segment's steps (only `columns`, when given), validated on read as a
+    shard is (schemas/validate.py): every check over the whole file when it is read whole,
+    the footer's (schema version, group size, the contract's columns and types) when only
+    some columns are. A bad segment raises ValidationError with the reason; the archive is
+    never quarantined (its manifest names the file): readers refuse it (`segment_refused`).
+    A link, or a path outside the store, is a one-line OutsideStoreError (Store.confine);
+    FileNotFoundError propagates (a compaction merged it: resolve again)."""
+    data = store.read_bytes(path)
+    try:
+        footer = pq.ParquetFile(pa.BufferReader(data)).schema_arrow
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ValidationError(f"unreadable Parquet file ({first_line(exc)})") from None
+    validate_footer(footer)
+    try:
+        table = parquet_table(data, columns)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ValidationError(f"unreadable Parquet file ({first_line(exc)})") from None
+    if columns is None:
+        validate_steps(table, table.schema.metadata)
+    return table
+
+
+def file_groups(store: Store, path: str) -> set[str]:
+    """The group ids of the steps file `path`, from its group_id column alone (a ranged
+    read: a large segment is not read whole); empty for a file that is missing, not the
+    store's own (Store.is_own) or does not decode."""
+    if not store.is_own(path):
+        return set()
+    try:
+        with store.fs.open(path, "rb") as handle:
+            table = pq.ParquetFile(handle).read(columns=[C.GROUP_ID], use_threads=False)
+        return set(table[C.GROUP_ID].unique().to_pylist())
+    except (OSError, ValueError, KeyError, pa.ArrowException):
+        return set()
+
+
+def segment_refused(path: str, reason: str) -> GagpoError:
+    """The one line for a segment that fails validation (see docs/store.md)."""
+    return GagpoError(
+        f"archive segment {path} cannot be used: {reason}; refused: nothing was read from it "
+        "or changed (restore the file, or the store, from a copy)"
+    )
+
+
+def checked_segment(store: Store, path: str, columns: list[str] | None = None) -> pa.Table:
+    """`read_segment`, a bad segment refused with one line (GagpoError)."""
+    try:
+        return read_segment(store, path, columns)
+    except ValidationError as exc:
+        raise segment_refused(path, str(exc)) from None
 
 
 def _empty(columns: list[str] | None) -> pa.Table:

@@ -43,7 +43,9 @@ from gagpo.schemas.archive import (
     Manifest,
     Segment,
     advantage_tags,
+    checked_segment,
     cleared_path,
+    file_groups,
     ledger_part_path,
     manifest_folder,
     manifest_path,
@@ -104,7 +106,8 @@ def recover(store: Store, manifest: Manifest | None = None) -> int:
     removed = 0
     if manifest is not None and not manifest.cleared:
         ids = moved_shards(store, manifest)
-        moved = [r for r in store.list_shards() if r.shard_id in ids] if ids else []
+        listed = [r for r in store.list_shards() if r.shard_id in ids] if ids else []
+        moved = _held_by_archive(store, manifest, listed)
         removed += _remove_advantages(store, [r.shard_id for r in moved])
         removed += _remove(store, [r.path for r in moved])
         store.commit_bytes(cleared_path(store, manifest.generation), b"")
@@ -120,6 +123,36 @@ def recover(store: Store, manifest: Manifest | None = None) -> int:
     # tables of files that are gone (a segment merged while a recompute wrote its table)
     removed += _remove(store, _orphan_advantages(store, named))
     return removed
+
+
+def _held_by_archive(store: Store, manifest: Manifest, refs: list[ShardRef]) -> list[ShardRef]:
+    """The shards of `refs` every group of which a segment `manifest`'s generation wrote
+    holds. A moved list says which shards a compaction meant to move; the segments say
+    what it moved. Only those shards leave the inbox here, so a moved list that lies
+    (forged, or naming another run's shards) deletes nothing the archive lacks: the
+    others stay, and are read, compacted or trained on as any inbox shard."""
+    if not refs:
+        return []
+    groups: dict[ShardRef, set[str]] = {}
+    for ref in refs:
+        found = file_groups(store, ref.path)
+        if found:
+            groups[ref] = found
+    held: set[str] = set()
+    for segment in _written_by(store, manifest) if groups else []:
+        held |= file_groups(store, segment_path(store, segment.id))
+    return [ref for ref, ids in groups.items() if ids <= held]
+
+
+def _written_by(store: Store, manifest: Manifest) -> list[Segment]:
+    """The segments `manifest`'s generation added (those its predecessor does not name;
+    every segment when the predecessor cannot be read)."""
+    before = manifest_path(store, manifest.generation - 1)
+    try:
+        previous = {s.id for s in Manifest.from_json(store.read_bytes(before), before).segments}
+    except (FileNotFoundError, GagpoError):
+        previous = set()
+    return [s for s in manifest.segments if s.id not in previous]
 
 
 def _stray_moved(store: Store, manifest: Manifest | None) -> list[str]:
@@ -275,6 +308,11 @@ def _read_shards(store, shards, result, progress):
     for done, ref in enumerate(shards):
         if progress is not None:
             progress(done, len(shards))
+        if not store.is_own(ref.path):  # a link in the inbox: a bad shard, never followed
+            reason = "a symbolic link, or a path outside the store; accepted: the store's own files"
+            store.quarantine(ref.path, reason)
+            result.quarantined.append((ref.path, reason))
+            continue
         try:
             data = store.read_bytes(ref.path)
         except FileNotFoundError:  # quarantined or removed meanwhile
@@ -311,7 +349,9 @@ def _open_segment(segments: list[Segment], group_size: int, limit: int) -> Segme
 
 
 def _segment_with_ledger(store: Store, segment: Segment) -> tuple[pa.Table, pa.Table | None]:
-    table = store.read_table(segment_path(store, segment.id))
+    """The open segment and its ledger part, validated as every reader validates a
+    segment: a bad one refuses the compaction (one line) before it is merged or removed."""
+    table = checked_segment(store, segment_path(store, segment.id))
     ledger = None
     if segment.min_update is not None:
         ledger = store.read_table(ledger_part_path(store, segment.id))
@@ -418,9 +458,10 @@ def _advantage_tables(store: Store) -> dict[str, set[str]]:
 
 
 def _stems(paths: list[str]) -> set[str]:
-    """File names without `.parquet`, temporaries (dot names) left out."""
-    names = (posixpath.basename(p) for p in paths)
-    return {n[: -len(".parquet")] for n in names if not n.startswith(".")}
+    """The ids files are named by (names without `.parquet`): temporaries (dot names), and
+    any name that is no id (schemas/layout.py), left out: not the store's, never removed."""
+    stems = (layout.file_id(p) for p in paths)
+    return {i for i in stems if layout.is_id(i)}
 
 
 def _remove_advantages(store: Store, ids: list[str]) -> int:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import posixpath
 import re
 
+from gagpo.schemas.errors import GagpoError
+
 PARQUET = ".parquet"
 JSON = ".json"
 
@@ -89,6 +91,45 @@ def join(root: str, *parts: str) -> str:
     return posixpath.join(root, *parts)
 
 
+# --- ids: what a name built from data may hold ---------------------------------------------
+# Segment, ledger-part, shard and run ids, advantage tables and moved lists are named by ids
+# that manifests, moved lists, ledgers and shards carry: data a store's writer, or whoever
+# sent the store, chose. Each becomes one file name, so an id is one plain name: a letter or
+# digit first (never `.` or `..`), then letters, digits, `_`, `.`, `-` and `=`; no `/`, no
+# glob or URL character; short enough for any file system once `.parquet` and a temporary
+# prefix are added (NAME_MAX is 255).
+ID_MAX = 200
+ID_PATTERN = rf"[A-Za-z0-9][A-Za-z0-9_.=-]{{0,{ID_MAX - 1}}}"
+_ID = re.compile(ID_PATTERN)
+# A glob of all of them, or a name for the docs ("<segment_id>", "<generation>-<id>.moved.json")
+_PLACEHOLDER = re.compile(r"\*|<[A-Za-z0-9_.=<> -]*")
+
+
+def is_id(value: object) -> bool:
+    """Whether `value` is an id a store file may be named by (`ID_PATTERN`)."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
+
+
+def id_problem(value: object) -> str | None:
+    """Why `value` is no id (a short phrase, the value cut to 60 characters); None if it is."""
+    if is_id(value):
+        return None
+    shown = (
+        repr(value[:60]) + ("…" if len(value) > 60 else "")
+        if isinstance(value, str)
+        else repr(value)
+    )
+    return f"{shown} is not a file id (accepted: {ID_PATTERN}, at most {ID_MAX} characters)"
+
+
+def _named(value: str, what: str) -> str:
+    """`value` as the id part of a file name: an id, or a pattern/placeholder; anything
+    else (`../x`, `/etc/passwd`, `a[b]`, a 1 MB string) is refused before it is joined."""
+    if isinstance(value, str) and (is_id(value) or _PLACEHOLDER.fullmatch(value)):
+        return value
+    raise GagpoError(f"{what}: {id_problem(value)}; refused: a store names only its own files")
+
+
 def _numbered(value: int | str, digits: int) -> str:
     """A zero-padded number (names sort as numbers), or a pattern/placeholder as given."""
     return f"{value:0{digits}d}" if isinstance(value, int) else value
@@ -120,12 +161,12 @@ def shards_dir(root: str) -> str:
 
 
 def run_dir(root: str, run_id: str) -> str:
-    return join(root, SHARDS, f"{RUN_PREFIX}{run_id}")
+    return join(root, SHARDS, f"{RUN_PREFIX}{_named(run_id, 'run id')}")
 
 
 def shard(root: str, run_id: str, shard_id: str) -> str:
     """A committed shard; `shard(root, "*", "*")` is the pattern of all of them."""
-    return join(run_dir(root, run_id), f"{shard_id}{PARQUET}")
+    return join(run_dir(root, run_id), f"{_named(shard_id, 'shard id')}{PARQUET}")
 
 
 def parse_shard(path: str) -> tuple[str, str] | None:
@@ -158,7 +199,12 @@ def moved_name(generation: int | str, unique: str) -> str:
 
 def moved(root: str, name: str) -> str:
     """The moved-shards sidecar `name` (`moved_name`)."""
-    return join(manifests_dir(root), name)
+    return join(manifests_dir(root), _named(name, "moved list"))
+
+
+def is_moved_name(name: object) -> bool:
+    """Whether `name` is a moved-shards sidecar's file name (`moved_name`), and nothing else."""
+    return is_id(name) and (parse_manifest_folder(name) or ("", 0))[0] == "moved"
 
 
 def cleared(root: str, generation: int | str) -> str:
@@ -185,7 +231,7 @@ def segments_dir(root: str) -> str:
 
 
 def segment(root: str, segment_id: str) -> str:
-    return join(segments_dir(root), f"{segment_id}{PARQUET}")
+    return join(segments_dir(root), f"{_named(segment_id, 'segment id')}{PARQUET}")
 
 
 def ledger_parts_dir(root: str) -> str:
@@ -193,7 +239,7 @@ def ledger_parts_dir(root: str) -> str:
 
 
 def ledger_part(root: str, segment_id: str) -> str:
-    return join(ledger_parts_dir(root), f"{segment_id}{PARQUET}")
+    return join(ledger_parts_dir(root), f"{_named(segment_id, 'ledger part id')}{PARQUET}")
 
 
 def file_id(path: str) -> str | None:
@@ -211,7 +257,7 @@ def advantages_dir(root: str, tag: str | None = None) -> str:
 
 def advantages(root: str, tag: str, file_id: str) -> str:
     """The advantage table of one shard or segment (named by its id) under `tag`."""
-    return join(root, ADVANTAGES, tag, f"{file_id}{PARQUET}")
+    return join(root, ADVANTAGES, tag, f"{_named(file_id, 'advantage table id')}{PARQUET}")
 
 
 # --- policy versions ---------------------------------------------------------------------

@@ -105,6 +105,10 @@ def parquet_table(data: bytes, columns: list[str] | None = None) -> pa.Table:
     return parquet.read(columns=columns, use_threads=False)
 
 
+class OutsideStoreError(GagpoError):
+    """A path that is not the store's own: outside its root, or through a symbolic link."""
+
+
 class Store:
     """A GAGPO store rooted at a local path or an fsspec URL."""
 
@@ -211,9 +215,53 @@ class Store:
 
         return self.retrying(f"checking {path}", probe)
 
+    # --- confinement: the store's own files only -----------------------------------------
+    def confine(self, paths: list[str], what: str, *, link_ok: bool = False) -> None:
+        """Refuse, with one line (OutsideStoreError), unless every one of `paths` is a file
+        of this store: under its root once `..` is resolved and, on a local store, reached
+        through no symbolic link (neither a folder on the way nor, unless `link_ok`, the
+        file itself). Reads, commits and removals of paths built from data (manifests,
+        moved lists, ledgers) go through here, so a hostile entry never reaches outside."""
+        real_root = os.path.realpath(self.root) if self.is_local else ""
+        folders: dict[str, bool] = {}  # folder → reached without a link (one check per folder)
+        for path in paths:
+            why = self._outside(path, real_root, folders, link_ok)
+            if why is not None:
+                shown = path if len(path) <= 120 else f"{path[:120]}…"
+                raise OutsideStoreError(
+                    f"store {self.url}: {what}: {shown!r} {why}; refused: a store reads, "
+                    "writes and removes only its own files, under its root and never "
+                    "through a symbolic link"
+                )
+
+    def is_own(self, path: str) -> bool:
+        """Whether `path` is a file of this store (`confine` would let it through)."""
+        real_root = os.path.realpath(self.root) if self.is_local else ""
+        return self._outside(path, real_root, {}, False) is None
+
+    def _outside(self, path: str, real_root: str, folders: dict, link_ok: bool) -> str | None:
+        """Why `path` is not the store's own (see `confine`); None when it is."""
+        if not isinstance(path, str) or not path or "\0" in path:
+            return "is no path"
+        relative = posixpath.relpath(posixpath.normpath(path), self.root)
+        if relative == ".." or relative.startswith("../") or posixpath.isabs(relative):
+            return "is outside the store"
+        if not self.is_local:
+            return None  # object stores have keys, no links
+        folder = posixpath.dirname(relative)
+        if folder not in folders:
+            expected = posixpath.normpath(posixpath.join(real_root, folder))
+            folders[folder] = os.path.realpath(posixpath.join(self.root, folder)) == expected
+        if not folders[folder]:
+            return "lies in a folder reached through a symbolic link"
+        if not link_ok and relative != "." and os.path.islink(path):
+            return "is a symbolic link"
+        return None
+
     def remove(self, path: str, *, recursive: bool = False) -> None:
         """Delete `path` (a folder and its files with `recursive`), retried; a path that is
         not there (any more) is no error."""
+        self.confine([path], "removing", link_ok=True)
 
         def rm() -> None:
             self.fs.invalidate_cache()
@@ -227,7 +275,10 @@ class Store:
 
     def remove_files(self, paths: list[str], what: str) -> None:
         """Delete the files `paths` (one bulk request where the backend has it), retried;
-        files that are not there (any more) are no error. `what`: for the retry line."""
+        files that are not there (any more) are no error. `what`: for the retry line. Every
+        path must be the store's own (`confine`: a link is removed as itself, never what it
+        names), or nothing is removed."""
+        self.confine(paths, f"removing {what}", link_ok=True)
 
         def rm() -> None:
             self.fs.invalidate_cache()
@@ -382,7 +433,9 @@ class Store:
 
     def commit_bytes(self, path: str, data: bytes) -> None:
         """Make `data` visible at `path` atomically (see module docstring), retrying
-        transient errors; the caller keeps `data` until this returns."""
+        transient errors; the caller keeps `data` until this returns. `path` must be the
+        store's own (`confine`): a commit never writes outside the root or through a link."""
+        self.confine([path], "committing")
         self.retrying(f"committing {path}", lambda: self._commit_once(path, data))
 
     def _commit_once(self, path: str, data: bytes) -> None:
@@ -493,7 +546,9 @@ class Store:
         return parquet_table(self.read_bytes(path), columns)
 
     def read_bytes(self, path: str) -> bytes:
-        """The bytes of a file of the store; transient errors retried."""
+        """The bytes of a file of the store (`confine`: never outside it, never through a
+        symbolic link); transient errors retried."""
+        self.confine([path], "reading")
         return self.retrying(f"reading {path}", lambda: self.fs.cat_file(path))
 
     def read_shard(
@@ -503,6 +558,10 @@ class Store:
         `latest`, when given); raise ValidationError naming the reason. Store outages are retried, never blamed on the
         shard; a shard removed meanwhile raises FileNotFoundError."""
         path = ref.path if isinstance(ref, ShardRef) else ref
+        if not self.is_own(path):  # a link in shards/ is a bad shard: quarantined, never read
+            raise ValidationError(
+                "a symbolic link, or a path outside the store; accepted: the store's own files"
+            )
         data = self.read_bytes(path)
         try:
             table = parquet_table(data)
@@ -523,7 +582,9 @@ class Store:
 
     def quarantine(self, path: str, reason: str) -> str:
         """Move a bad file to quarantine/ with a reason file beside it; return its new path.
-        A file another process moved first is left to it."""
+        A file another process moved first is left to it. A symbolic link is moved as
+        itself: what it names is never touched."""
+        self.confine([path], "quarantining", link_ok=True)
         dest = layout.quarantined(self.root, path)
         folder = layout.quarantine_dir(self.root)
         self.retrying(f"creating {folder}", lambda: self.fs.makedirs(folder, exist_ok=True))

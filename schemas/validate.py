@@ -43,20 +43,27 @@ def check_schema_version(metadata: dict[bytes, bytes] | None) -> str:
     return version
 
 
-def check_columns(table: pa.Table, version: str = C.STEPS_SCHEMA_VERSION) -> None:
-    """Every contract column of schema `version` is present with its type, and
-    non-nullable ones hold no null (a 1.0 shard has no `won`)."""
+def check_fields(schema: pa.Schema, version: str = C.STEPS_SCHEMA_VERSION) -> None:
+    """Every contract column of schema `version` is in `schema` with its type (a 1.0 shard
+    has no `won`): what a file's footer must say before any row is read."""
     required = C.steps_columns(version)
-    missing = [name for name in required if name not in table.column_names]
+    missing = [name for name in required if name not in schema.names]
     if missing:
         raise ValidationError(f"missing column(s) of schema {version}: {', '.join(missing)}")
     for field in C.STEPS_SCHEMA:
-        if field.name not in required and field.name not in table.column_names:
+        if field.name not in required and field.name not in schema.names:
             continue
-        actual = table.schema.field(field.name).type
+        actual = schema.field(field.name).type
         if not actual.equals(field.type):
             raise ValidationError(f"column {field.name} has type {actual}; accepted: {field.type}")
-        if not field.nullable and table.column(field.name).null_count:
+
+
+def check_columns(table: pa.Table, version: str = C.STEPS_SCHEMA_VERSION) -> None:
+    """`check_fields` of the table, and non-nullable columns hold no null."""
+    check_fields(table.schema, version)
+    for field in C.STEPS_SCHEMA:
+        present = field.name in table.column_names
+        if present and not field.nullable and table.column(field.name).null_count:
             raise ValidationError(f"column {field.name} holds nulls; it must not")
 
 
@@ -265,6 +272,19 @@ def check_group_owners(table: pa.Table, shard_id: str, owner: Callable[[str], st
                 f"group {group_id} is already in shard {other} (a group split over two shards, "
                 "or a copy); accepted: each group whole in exactly one shard"
             )
+
+
+def validate_footer(schema: pa.Schema) -> None:
+    """The checks a file's footer alone allows (schema version, group size, the contract's
+    columns and types): a reader of a few columns of a large file (an archive segment)
+    runs these, never the row checks of the whole file."""
+    try:
+        group_size_of(schema.metadata)
+        check_fields(schema, check_schema_version(schema.metadata))
+    except ValidationError:
+        raise
+    except (pa.ArrowException, ValueError, TypeError, KeyError) as exc:
+        raise ValidationError(f"malformed file ({describe(exc)})") from None
 
 
 def validate_steps(

@@ -310,6 +310,7 @@ def test_a_cleared_generation_is_read_without_its_moved_list(store_dir: Path):
     moved shards still in the inbox are skipped."""
     store = Store(str(store_dir))
     refs = fill(store, 6)
+    first = store.read_bytes(refs[0].path)
     compact(store, refs[:4], None)
     before = read_steps_table(store)
     manifest = read_manifest(store)
@@ -324,7 +325,7 @@ def test_a_cleared_generation_is_read_without_its_moved_list(store_dir: Path):
     # back in the inbox: the list is read, the shard skipped, the next compaction clears
     store.fs.pipe_file(sidecar, moved_json(sorted(moved)))
     store.fs.rm_file(cleared_path(store, manifest.generation))
-    put(store, refs[0].path, b"its groups are in the segment")
+    put(store, refs[0].path, first)  # its groups are in the segment
     assert not read_manifest(store).cleared
     assert refs[0].shard_id not in {r.shard_id for r in step_files(store).shards}
     assert_each_group_once(store, before)
@@ -337,6 +338,7 @@ def test_a_format_1_manifest_is_read_and_migrated(store_dir: Path):
     read as before; the next compaction clears them and writes format 2."""
     store = Store(str(store_dir))
     refs = fill(store, 5)
+    second = store.read_bytes(refs[1].path)
     compact(store, refs[:3], None)
     before = read_steps_table(store)
     manifest = read_manifest(store)
@@ -346,7 +348,7 @@ def test_a_format_1_manifest_is_read_and_migrated(store_dir: Path):
     for path in store.glob(store.path(ARCHIVE, MANIFESTS, "*")):
         store.fs.rm_file(path)
     store.fs.pipe_file(manifest_path(store, 1), json.dumps(old).encode())
-    put(store, refs[1].path, store.read_bytes(refs[3].path))  # a moved shard left over
+    put(store, refs[1].path, second)  # a moved shard left over
     migrated = read_manifest(store)
     assert migrated.inline_moved == {r.shard_id for r in refs[:3]} and not migrated.cleared
     assert refs[1].shard_id not in {r.shard_id for r in step_files(store).shards}
