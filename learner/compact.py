@@ -29,6 +29,7 @@ from gagpo.learner.config import CompactionSettings
 from gagpo.schemas import columns as C
 from gagpo.schemas.archive import read_ledger, tail_ledger_path
 from gagpo.schemas.cli import run_cli
+from gagpo.schemas.cli_models import ModelOptions
 from gagpo.schemas.compaction import CompactionResult, compact
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import ShardRef, Store
@@ -233,6 +234,11 @@ def _progress(total: int):
     return show
 
 
+# --segment-mib as the learner's [compaction] field, checked by its model: a bad value
+# (nan, inf, 1e12, text) is one line naming the field, as `gagpo learner` gives it.
+_SEGMENT_OPTION = ModelOptions(CompactionSettings, skip=("every_updates", "min_mib"))
+
+
 @click.command("compact", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--store",
@@ -248,22 +254,15 @@ def _progress(total: int):
     is_flag=True,
     help="Every shard, consumed or not (stores no follow-mode learner will read again).",
 )
-@click.option(
-    "--segment-mib",
-    type=click.FloatRange(min=0.001),
-    default=None,
-    help=f"Target segment size in MiB (default {CompactionSettings().segment_mib:g}).",
-)
-def compact_command(
-    store_url: str, run_id: str | None, everything: bool, segment_mib: float | None
-) -> None:
+@_SEGMENT_OPTION
+def compact_command(store_url: str, run_id: str | None, everything: bool, **values) -> None:
     """Move a store's consumed shards out of the inbox (shards/) into archive segments.
 
     Takes the store's lease, so it never runs beside a learner or another compactor. The
     views of `gagpo sql`, `gagpo advantages --store`, replays and reports read archive and
     inbox as one; a killed compaction is finished by the next one. Layout: docs/store.md.
     """
-    settings = CompactionSettings(**({"segment_mib": segment_mib} if segment_mib else {}))
+    settings = _SEGMENT_OPTION.load(None, (), values, section="compaction")
     compact_store(store_url, run_id, everything, settings)
 
 

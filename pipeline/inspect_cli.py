@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from gagpo.schemas.cli import OneLineCommand
 from gagpo.schemas.errors import GagpoError
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -29,6 +30,25 @@ def _store_option(func):
         metavar="URL",
         help="Store root: a local path or an fsspec URL (file://…, s3://…).",
     )(func)
+
+
+class _Seconds(click.ParamType):
+    """A finite number of seconds in [0, 10⁷] (nan, inf and 1e300 are no time limit a
+    timer can keep)."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not 0.0 <= seconds <= MAX_TIMEOUT_S:  # False for nan
+            self.fail(f"{value!r} is not in the range 0<=x<={MAX_TIMEOUT_S:g}", param, ctx)
+        return seconds
+
+
+MAX_TIMEOUT_S = 1e7  # 115 days: longer is no limit, which 0 says
 
 
 def gamma_option(func):
@@ -54,7 +74,7 @@ def limit_options(func):
     return click.option(
         "--timeout",
         "timeout_s",
-        type=click.FloatRange(min=0.0),
+        type=_Seconds(),
         default=300.0,
         show_default=True,
         metavar="SECONDS",
@@ -62,7 +82,23 @@ def limit_options(func):
     )(func)
 
 
-@click.command("sql", context_settings={"help_option_names": ["-h", "--help"]})
+class _SqlCommand(OneLineCommand):
+    """`gagpo sql`: a QUERY that starts with a SQL comment (`-- …`) is the query, not an
+    option (an option's name has no space or line break)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        queries = [a for a in args if _is_commented_query(a)]
+        if queries:  # after "--" click takes them as arguments, whatever they start with
+            args = [a for a in args if not _is_commented_query(a)] + ["--", *queries]
+        return super().parse_args(ctx, args)
+
+
+def _is_commented_query(arg: str) -> bool:
+    name = arg.split("=", 1)[0]
+    return arg.startswith("--") and any(c.isspace() for c in name)
+
+
+@click.command("sql", cls=_SqlCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @_store_option
 @click.argument("query", required=False)
 @click.option(
@@ -140,7 +176,9 @@ def sql_command(
         close_store_db(con)
 
 
-@click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    "report", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.option(
     "--store",
     "store_urls",

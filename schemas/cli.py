@@ -106,3 +106,15 @@ def set_option(*examples: str, tables: tuple[str, ...] = (), over: str = "--conf
         metavar=metavar,
         help=set_help(*examples, tables=tables, over=over),
     )
+
+
+class OneLineCommand(click.Command):
+    """A click command whose bad option value is one line and exit code 2 (a GagpoError,
+    as `run_cli` prints it), as a config model's fields give it, not click's usage block."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadParameter as exc:
+            message = exc.format_message().rstrip(".")
+            raise GagpoError(f"{message[:1].lower()}{message[1:]}; see --help") from None

@@ -14,6 +14,7 @@ import click
 
 from gagpo.pipeline.inspect_cli import gamma_option, limit_options
 from gagpo.schemas import columns as C
+from gagpo.schemas.cli import OneLineCommand
 
 if TYPE_CHECKING:  # Polars and the solver load when a page asks, not for `gagpo --help`
     import polars as pl
@@ -45,7 +46,7 @@ class EnvironmentOracle:
         return credit.credit_auc(scored)
 
 
-@click.command("view", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("view", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--store",
     "store_specs",

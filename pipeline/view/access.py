@@ -8,6 +8,12 @@
 - Bound to loopback, a request must name a loopback host (`localhost`, 127.x, [::1]) in
   its Host header: a web page elsewhere cannot reach the server through a DNS name that
   resolves to 127.0.0.1 (DNS rebinding). An SSH tunnel's local end is such a host.
+- Requests from other sites are refused: a POST takes `application/json` only (a page
+  elsewhere cannot send that without a CORS preflight, which this server never grants),
+  and a POST or an /api/ request whose `Origin` is not this server's own, or whose
+  `Sec-Fetch-Site` says another site sent it, is a 403. A web page open in the user's
+  browser can therefore run no query against the viewer; a link to one of its pages
+  still opens it. Clients that are not browsers (curl) send neither header.
 - Every answer carries headers that keep the pages to their own assets (CSP `'self'`: no
   script from elsewhere, none inline), out of frames, and the token out of Referer.
 """
@@ -86,6 +92,10 @@ class Guard:
                 "(the Host header names another host)",
             )
             return
+        refused = _other_site(scope, headers)
+        if refused is not None:
+            await _refuse(send, *refused)
+            return
         set_cookie = False
         if self.token:
             given, in_url = _given_token(scope, headers)
@@ -113,6 +123,38 @@ class Guard:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+# Sec-Fetch-Site values of a request the browser made for this server's own pages: from
+# one of them, or typed in the address bar / opened from a bookmark ("none").
+_OWN_SITE = frozenset({"same-origin", "none"})
+
+
+def _other_site(scope, headers: dict[str, str]) -> tuple[int, str] | None:
+    """(status, line) refusing a request another web site made the browser send, or None.
+
+    Pages (GET of a page) open from anywhere, as a link should; what runs a query or
+    answers data (POST, /api/…) must come from this server's own pages."""
+    method = scope.get("method", "GET")
+    if method not in ("GET", "HEAD") and _media_type(headers) != "application/json":
+        return 415, "this endpoint takes a JSON body only; accepted: Content-Type: application/json"
+    if method in ("GET", "HEAD") and not scope.get("path", "").startswith("/api/"):
+        return None
+    origin = headers.get("origin")
+    own = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}".lower()
+    site = headers.get("sec-fetch-site")
+    if (origin is not None and origin.lower() != own) or (
+        site is not None and site.lower() not in _OWN_SITE
+    ):
+        return 403, (
+            "this server answers its own pages only (the request came from another site: "
+            f"Origin {(origin or '-')[:100]}, Sec-Fetch-Site {(site or '-')[:40]})"
+        )
+    return None
+
+
+def _media_type(headers: dict[str, str]) -> str:
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
 def _cookie(headers: dict[str, str]) -> str | None:
