@@ -53,6 +53,7 @@ def _return_block(gamma: float) -> int:
 # by group as well as rollout, so a filter on group_id reaches the scans through the window
 # (the group page of `gagpo view` reads one group). Its own view, not a column of `steps`:
 # the window sorts every prompt, which a plain read of `steps` should never pay for.
+# `lambda i: …` is DuckDB's lambda from 1.3 on; 2.0 refuses the older arrow form.
 PROMPT_DRIFT = f"""
     CREATE VIEW prompt_drift AS
     WITH turns AS (
