@@ -137,3 +137,23 @@ def test_resume_without_learner_state_says_it_starts_fresh(tmp_path):
     summary = train(LearnerConfig(**in_process(root), updates=1, resume=True), echo=lines.append)
     assert summary.updates == 1
     assert lines[0] == f"--resume: store {root} holds no learner state yet; starting fresh from v0"
+
+
+def test_a_store_with_a_state_for_every_version_resumes_as_before(straight, tmp_path):
+    """Stores written before states became periodic (issue 40) hold fp32 weights and a
+    state with every version, as `--state-every 1 --no-state-async` writes them: --resume
+    reads LATEST's own state, and the run is the uninterrupted lineage bit for bit (a
+    store written by the learner of before the change was checked the same way by hand:
+    benchmarks/RESULTS.md, "Publication and training state")."""
+    root = tmp_path / "store"
+    store = new_store(root)
+    cfg = {**in_process(root), "max_staleness": 100, "keep_versions": 100, "idle_timeout_s": 1.0}
+    train(LearnerConfig(**cfg, updates=5, state_every=1, state_async=False))
+    assert [v for v in range(1, 6) if store.fs.exists(checkpoint_dir(store, v))] == [4, 5]
+    lines: list[str] = []
+    train(LearnerConfig(**cfg, updates=UPDATES, resume=True), echo=lines.append)
+    assert not any("optimiser moments of" in line or "fresh AdamW" in line for line in lines)
+    assert_one_lineage(store)
+    a, b = parameters(store.policies.dir(UPDATES)), parameters(straight.policies.dir(UPDATES))
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=1e-6, rtol=0, err_msg=name)

@@ -194,6 +194,8 @@ class Run:
             "2048",
             "--poll-interval",
             "0.2",
+            "--state-every",  # a state (written by a thread) every update: kills land in them
+            "1",
             "--quiet",
             *extra,
         ]
