@@ -9,8 +9,13 @@
 2. Commit-to-use delay: the learner follows a store (in a thread) while shards are
    committed one by one; the delay from each shard's commit to the start of the update
    that trains on it, read from the learner's own metrics.
+3. `--mode turns` (issue 38): full-history multi-turn data (step t's prompt holds steps
+   0…t−1) at T turns; tokens encoded per update with turn merging, with one row per step
+   (`merge_turns = false`), and each trajectory's tokens counted once; and the update time
+   of both, alternating, medians.
 
     python benchmarks/bench_learner.py                        # a 4-layer, 256-wide Llama
+    python benchmarks/bench_learner.py --mode turns           # T = 5, 20, 50
     python benchmarks/bench_learner.py --hidden 512 --layers 8 --groups 8 --repeats 5
     python benchmarks/bench_learner.py --policy /path/to/hf-folder
 """
@@ -41,6 +46,7 @@ from gagpo.learner.model import action_logprobs, load_model
 from gagpo.learner.train import make_optimizer, run_update, train
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import Store
+from tests.helpers.history import counted_once, full_history_batch
 from tests.helpers.steps import make_steps
 
 
@@ -102,11 +108,12 @@ def bare_step(model, micro_batches, naive: bool) -> int:
                 position_ids=mb.position_ids,
                 use_cache=False,
             ).logits
-            logp = logits[:, -mb.action_len - 1 : -1].float().log_softmax(-1)
-            logp = logp.gather(-1, mb.input_ids[:, -mb.action_len :, None]).squeeze(-1)
+            logp = logits[mb.token_rows, mb.token_cols].float().log_softmax(-1)
+            targets = mb.input_ids[mb.token_rows, mb.token_cols + 1]
+            loss = -logp.gather(-1, targets[:, None]).sum() / max(len(targets), 1)
         else:
             logp, _ = action_logprobs(model, mb, 1.0)
-        loss = -(logp * mb.action_mask).sum() / mb.action_mask.sum()
+            loss = -(logp * mb.action_mask).sum() / mb.action_mask.sum()
         (loss * mb.weight).backward()
     model.zero_grad(set_to_none=True)
     return sum(mb.tokens for mb in micro_batches)
@@ -192,6 +199,74 @@ def bench_delay(args, folder: Path) -> dict:
     }
 
 
+def bench_turns(args, folder: Path) -> list[dict]:
+    """Per T: tokens encoded and update time, merged against one row per step."""
+    base = load_model(folder, torch.device("cpu")).train()
+    d = Dist(0, 1, torch.device("cpu"))
+    rows = []
+    for turns in args.turns:
+        table = full_history_batch(
+            groups=args.turn_groups,
+            group_size=args.group_size,
+            turns=turns,
+            vocab=base.config.vocab_size,
+            system=args.system_tokens,
+            observation=(args.turn_min, args.turn_max),
+            action=(args.turn_min, args.turn_max),
+        )
+        times, tokens = {True: [], False: []}, {}
+        for rep in range(args.repeats + (turns == args.turns[0])):  # the first T warms up
+            for merge in (True, False):
+                cfg = LearnerConfig(
+                    store="unused",
+                    policy=str(folder),
+                    micro_batch_tokens=args.micro_batch_tokens,
+                    batch_groups=args.turn_groups,
+                    lr=1e-6,
+                    merge_turns=merge,
+                )
+                optimizer, scheduler = make_optimizer(base, cfg)
+                start = time.perf_counter()
+                stats, _ = run_update(
+                    base, optimizer, scheduler, table, version=1, cfg=cfg, d=d, pad_id=0
+                )
+                if rep or turns != args.turns[0]:
+                    times[merge].append(time.perf_counter() - start)
+                tokens[merge] = stats["tokens"]
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows.append(
+            {
+                "turns": turns,
+                "steps": table.num_rows,
+                "once": counted_once(table),
+                "merged": tokens[True],
+                "per_step": tokens[False],
+                "merged_s": med[True],
+                "per_step_s": med[False],
+            }
+        )
+    return rows
+
+
+def print_turns(args, rows: list[dict]) -> None:
+    print(
+        f"# learner turn merging — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+        f"{args.turn_groups} group(s) × {args.group_size} rollouts, medians of {args.repeats}"
+    )
+    print(
+        "| turns | steps | tokens: per step | merged | counted once | merged / once "
+        "| update s: per step | merged | speed-up |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['turns']} | {r['steps']} | {r['per_step']:,} | {r['merged']:,} | {r['once']:,} "
+            f"| {r['merged'] / r['once']:.2f}× | {r['per_step_s']:.2f} | {r['merged_s']:.2f} "
+            f"| {r['per_step_s'] / r['merged_s']:.1f}× |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -212,9 +287,32 @@ def main() -> None:
     parser.add_argument("--delay-shards", type=int, default=6)
     parser.add_argument("--delay-gap", type=float, default=1.5, help="seconds between two commits")
     parser.add_argument("--poll-interval", type=float, default=0.2)
+    parser.add_argument("--mode", choices=["throughput", "turns"], default="throughput")
+    turns = parser.add_argument_group("--mode turns")
+    turns.add_argument(
+        "--turns", type=lambda v: [int(t) for t in v.split(",")], default=[5, 20, 50]
+    )
+    turns.add_argument("--turn-groups", type=int, default=1, help="groups per update")
+    turns.add_argument("--group-size", type=int, default=2, help="G: rollouts per group")
+    turns.add_argument("--system-tokens", type=int, default=16, help="the first prompt's tokens")
+    turns.add_argument(
+        "--turn-min", type=int, default=2, help="fewest tokens of an action or observation"
+    )
+    turns.add_argument(
+        "--turn-max", type=int, default=4, help="most tokens of an action or observation"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.mode == "turns":
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = (
+                Path(args.policy)
+                if args.policy
+                else build_model(Path(tmp), args.vocab, args.hidden, args.layers)
+            )
+            print_turns(args, bench_turns(args, folder))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = (
             Path(args.policy)

@@ -224,7 +224,11 @@ def progress_line(
     if clip:
         parts.append(f"clip {row['clip_frac']:.3f}  kl {row['approx_kl']:.1e}")
     parts.append(f"|g| {row['grad_norm']:.3g}  lr {row['lr']:.1e}  {row['tokens_per_s']:.0f} tok/s")
+    if row.get("segments") is not None:  # turn merging: rows encoded for the batch's steps
+        parts.append(f"{row['segments']} rows for {row['steps']} steps")
     parts.append(f"groups {row['groups']} (stale dropped {row['stale_groups']})")
+    if row.get("context_skipped"):
+        parts.append(f"past context {row['context_skipped']}")
     if row.get("masked_actions"):
         parts.append(f"masked {row['masked_actions']}")
     if row.get("publish_s") is not None:  # the commit's critical path (learner/train.py)

@@ -153,6 +153,8 @@ _LEARNER_INT_METRICS = (
     "actions",
     "action_tokens",
     "tokens",
+    "segments",
+    "context_skipped",
     "groups",
     "steps",
     "stale_groups",
@@ -177,7 +179,9 @@ LEARNER_METRICS_COLUMNS = (
     "masked_actions",
     "actions",
     "action_tokens",
-    "tokens",
+    "tokens",  # encoded (padding excluded)
+    "segments",  # rows encoded: trajectory segments whose prompts extend each other
+    "context_skipped",  # steps past the policy's context: left out of the loss, never cut
     "groups",
     "steps",
     "stale_groups",
