@@ -72,7 +72,7 @@ class VllmSettings(Config):
     max_model_len: int | None = Field(None, ge=32, le=1_048_576)
     """Context length of the engine; default: the model's."""
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
-    """Dtype of the served weights (the learner publishes float32; vLLM casts on load)."""
+    """Dtype of the served weights (the learner publishes bf16 or float32; vLLM casts on load)."""
     enforce_eager: bool = False
     """Skip CUDA graph capture: faster start, slower decoding (tests, short runs)."""
     max_num_batched_tokens: int | None = Field(None, ge=256, le=10_000_000)
