@@ -20,14 +20,16 @@
 Confinement works by letting DuckDB touch no file but those listed here, in Python. The
 store's committed files are handed to DuckDB as Arrow datasets that pyarrow scans
 (through fsspec for object stores), except the archive's segments on a local store,
-which DuckDB reads itself (several times faster on a long run's history): they, and
-nothing else, are its `allowed_paths`. The connection runs with
-`enable_external_access = false` (no other file, no COPY, ATTACH, EXPORT, INSTALL or
-extension loading), Python replacement scans off, and then `lock_configuration = true`
-so that no query can switch any of it back. Statements that name files or databases
-(ATTACH, DETACH, COPY, EXPORT, LOAD, INSTALL) are refused before DuckDB runs them, as
-parsed by DuckDB's own parser, so an allowed segment can be read, never attached or
-written; DuckDB refuses the rest itself.
+which DuckDB reads itself (several times faster on a long run's history) through a
+registered file system that can only read them (pipeline/sql_segments.py): their
+`gagposegment://` URLs, and nothing else, are its `allowed_paths`, since a path DuckDB
+may read it may also write. The connection runs with `enable_external_access = false`
+(no other file, no COPY, ATTACH, EXPORT, INSTALL or extension loading), Python
+replacement scans off, and then `lock_configuration = true` so that no query can switch
+any of it back. Statements that name files or databases (ATTACH, DETACH, COPY, EXPORT,
+LOAD, INSTALL) and prepared ones (PREPARE, EXECUTE) are refused before DuckDB runs them,
+as typed by DuckDB's own parser, EXPLAIN's statement included; DuckDB refuses the rest
+itself.
 
 Bounds (`Limits`): each connection gets a memory limit and spills only into a private
 temporary folder (mode 0700, removed by `close_store_db` or at exit), never into the
