@@ -12,12 +12,18 @@
 #      call per group-turn and the gagpo vLLM backend on it (target >= 0.90), the actors
 #      loop with K = 1, 4 and 16 groups in flight (target at K = 16: >= 0.8 of saturating),
 #      the transformers backend; and the time of a hot reload into the running engine
+#   6. publication and training state against update compute (issue 40,
+#      benchmarks/bench_publish.py): random models of Qwen2.5-1.5B's and 7B's shapes built
+#      on the GPU, 3 bf16 updates each (512 random tokens, AdamW), the learner's commit
+#      path after each: update compute seconds, critical-path publication + state seconds,
+#      bytes written (a shape whose versions and states the disk cannot hold is reported
+#      as skipped: the 7B shape's AdamW state alone is 61 GB)
 #
 # Nothing is downloaded. Python packages the machine lacks travel as wheels in .whl/
 # (benchmarks/gpu_wheels.sh fetches them on a machine with network); the repository is
 # put on PYTHONPATH when gagpo is not installed. vLLM steps are reported as skipped where
 # vllm is not installed. Output goes to $OUT (default: a new temporary folder):
-# gpu_check.log and bench_vllm.json. Exit status 1 if any step failed.
+# gpu_check.log, bench_vllm.json and bench_publish.json. Exit status 1 if any step failed.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU machine
 #   bash benchmarks/gpu_check.sh --dry-run  # anywhere: the same steps on the CPU, no bench
@@ -106,12 +112,24 @@ bench() {
         --repeats 3 --out "$OUT/bench_vllm.json"
 }
 
+publication() {
+    if [ "$DRY_RUN" = 1 ]; then
+        "$PY" benchmarks/bench_publish.py --device cpu --train-tokens 32 --settings after \
+            --after-updates 3 --policy tiny
+        return
+    fi
+    "$PY" benchmarks/bench_publish.py --device cuda --train-tokens 512 --settings after \
+        --after-updates 3 --policy qwen2.5-1.5b-shape --policy qwen2.5-7b-shape \
+        --json "$OUT/bench_publish.json"
+}
+
 step "setup" gpu_setup || true
 step "machine" machine
 step "pytest -m gpu" gpu_tests
 step "actors on $DEVICE" actors
 step "learner --device $DEVICE --precision bf16" learner
 step "throughput: bare vllm (one call, per call), vllm backend, actors loop K=1/4/16, transformers" bench
+step "publication + state vs update compute: Qwen2.5-1.5B and 7B shapes, bf16, 3 updates" publication
 
 rm -rf "$WORK"
 if [ ${#failures[@]} -gt 0 ]; then
