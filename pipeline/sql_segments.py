@@ -12,7 +12,9 @@ file is refused by DuckDB, and a segment's URL reaches a file system without wri
 
 from __future__ import annotations
 
+import io
 import os
+import threading
 
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
@@ -59,7 +61,7 @@ class ReadOnlySegments(AbstractFileSystem):
             raise PermissionError(
                 f"read-only segments: {self._strip_protocol(path)} is not writable"
             )
-        return self._local._open(self._listed(path), mode="rb")
+        return SegmentFile(self._listed(path))
 
     def info(self, path, **kwargs):
         info = self._local.info(self._listed(path))
@@ -72,3 +74,60 @@ class ReadOnlySegments(AbstractFileSystem):
 
     def modified(self, path):
         return self._local.modified(self._listed(path))
+
+
+class SegmentFile(io.RawIOBase):
+    """A segment opened for reading, whose position is each thread's own.
+
+    DuckDB reads a file through Python as a seek, then a read, on one handle that its
+    threads share (each call takes the GIL on its own): with one position, another
+    thread's seek in between makes a read return the wrong bytes. Here each thread seeks
+    and reads at its own position with `os.pread`, which moves no shared offset."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._fd = os.open(path, os.O_RDONLY)
+        self._size = os.fstat(self._fd).st_size
+        self._local = threading.local()
+
+    @property
+    def _pos(self) -> int:
+        return getattr(self._local, "pos", 0)
+
+    @_pos.setter
+    def _pos(self, value: int) -> None:
+        self._local.pos = value
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        size = self._size - self._pos if size is None or size < 0 else size
+        data = os.pread(self._fd, size, self._pos)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()

@@ -8,13 +8,14 @@ import contextlib
 import hashlib
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 
 from gagpo.pipeline import sql
-from gagpo.pipeline.sql_segments import segment_url
+from gagpo.pipeline.sql_segments import ReadOnlySegments, segment_url
 from gagpo.pipeline.view.app import create_app
 from gagpo.pipeline.view.data import StoreSession
 from gagpo.schemas.archive import read_manifest, segment_path
@@ -271,3 +272,36 @@ def test_a_query_that_starts_with_a_comment_is_a_query(store, query, capsys, mon
         code, out, err = gagpo_here(capsys, monkeypatch, "sql", "--store", store.root, *args)
         assert code == 0, err
         assert out.split() == ['"x"', "7"]
+
+
+def test_a_segment_read_keeps_each_threads_position(segment):
+    """DuckDB seeks, then reads, on a handle its threads share: one thread's seek between
+    another's seek and read must not move that read (it made scans fail or misread)."""
+    whole = segment.read_bytes()
+    handle = ReadOnlySegments([str(segment)]).open(segment_url(str(segment)), "rb")
+    sought, other_sought = threading.Event(), threading.Event()
+    got = {}
+
+    def first() -> None:
+        handle.seek(4)
+        sought.set()
+        other_sought.wait(5)
+        got["first"] = handle.read(16)
+
+    def second() -> None:
+        sought.wait(5)
+        handle.seek(len(whole) - 16)
+        other_sought.set()
+        got["second"] = handle.read(16)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    handle.close()
+    assert got == {"first": whole[4:20], "second": whole[-16:]}
+    with pytest.raises(PermissionError):
+        ReadOnlySegments([str(segment)]).open(segment_url(str(segment)), "wb")
+    with pytest.raises(PermissionError):  # a file not listed is not opened, even to read
+        ReadOnlySegments([]).open(segment_url(str(segment)), "rb")
