@@ -51,6 +51,9 @@ class ActorSummary:
     seconds_throttled: float = 0.0  # waiting for the learner's backlog to shrink (throttle.py)
     groups_lost: int = 0  # dropped because their environment raised (actors/rollout.py)
     groups_in_flight: int = 1  # K
+    # Steps after a rollout's first whose prompt does not extend the previous step's prompt
+    # and action (an agent that edited its history, a window that dropped a turn).
+    prompt_breaks: int = 0
 
     @property
     def success_rate(self) -> float:
@@ -67,6 +70,7 @@ class ActorSummary:
         self.tokens += sum(len(ids) for ids in result.columns[C.ACTION_IDS])
         self.successes += result.successes
         self.versions |= result.versions
+        self.prompt_breaks += result.breaks
 
 
 def sampling_seed(seed: int, run_id: str, group_index: int) -> int:

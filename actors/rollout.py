@@ -23,6 +23,14 @@ on its oldest step (docs/design.md §6). A group is handed back the moment its l
 rollout ends, whatever the order groups started in. A group whose environment raises
 is lost alone: its rollouts are dropped, the requests it had in the engine aborted, and
 the others go on (`GroupLost`).
+
+Prompts (issue 38): a turn's prompt ids extend the previous turn's prompt and sampled
+reply ids wherever the chat holds that reply unchanged (actors/policies/prompt_ids.py), so
+the tokens a policy sampled are the tokens the next prompt holds; a step whose prompt does
+not is a break, counted per group. A prompt past the policy's limits is never cut inside
+a turn: a native environment's oldest whole turns are dropped (actors/prompts.py), and a
+rollout whose current turn alone does not fit ends truncated; an agent's call gets
+OpenAI's 400 `context_length_exceeded` and no step (envs/openai_chat.py).
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ from itertools import count
 from typing import Any
 
 from gagpo.actors.policies.base import PolicyBackend, Sample, request_seed
-from gagpo.actors.prompts import build_messages
+from gagpo.actors.policies.prompt_ids import Prior, encode_prompt
+from gagpo.actors.prompts import build_messages, fit_messages, user_turn
 from gagpo.actors.slots import Slots, Started
 from gagpo.envs.base import Environment
 from gagpo.envs.parse import parse_action
@@ -71,6 +80,7 @@ class GroupResult:
     versions: set[int]
     seconds_generate: float = 0.0  # set by `rollout_group` only: groups in flight share time
     seconds_env: float = 0.0
+    breaks: int = 0  # steps after a rollout's first whose prompt does not extend the previous
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ class _Group:
     started: int = 0  # rollouts whose reset returned
     outstanding: int = 0  # environment calls not yet returned
     lost: str | None = None
+    breaks: int = 0
 
 
 @dataclass(eq=False)
@@ -111,6 +122,17 @@ class _Rollout:
     # reply goes back to it whole; `rows` are its steps' rows (turn rewards come last).
     chat: Any = None
     rows: list[int] = field(default_factory=list)
+    prior: Prior | None = None  # its last recorded turn: what the next prompt may extend
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """A turn's prompt: its ids and the chat they render."""
+
+    ids: list[int]
+    messages: tuple[dict, ...]
+    tools: tuple[dict, ...] | None
+    text: str | None  # the template's rendering (None for a stand-in policy)
 
 
 @dataclass(frozen=True)
@@ -118,9 +140,10 @@ class _Reply:
     """A sampled reply on its way through the environment."""
 
     rollout: _Rollout
-    prompt: list[int]
-    sample: Sample
+    prompt: _Prompt | None  # None: the call was refused (past the context), nothing sampled
+    sample: Sample | None
     version: int
+    answer: dict | None = None  # the assistant message the chat holds for the reply
 
 
 class Rollouts:
@@ -146,7 +169,7 @@ class Rollouts:
         self._groups: list[_Group] = []  # in flight, in start order
         self._env: dict[Future, tuple[_Rollout, _Reply | None]] = {}  # calls not yet absorbed
         self._ready: list[_Rollout] = []  # waiting for a reply
-        self._requests: dict[str, tuple[_Rollout, list[int], int]] = {}  # continuous: in engine
+        self._requests: dict[str, tuple[_Rollout, _Prompt, int]] = {}  # continuous: in engine
         self._finished: list[GroupResult | GroupLost] = []
         self._ids = count()
         self.seconds_generate = 0.0  # wall time in engine calls
@@ -206,14 +229,16 @@ class Rollouts:
         if not ready:
             return
         prompts = {id(r): self._prompt(r) for r in ready}
-        ready = [r for r in ready if r.group.lost is None]  # an agent's chat may be refused
+        # An agent's chat may be refused (its group lost, or the call past the context),
+        # and a rollout whose turn does not fit ends.
+        ready = [r for r in ready if r.group.lost is None and prompts[id(r)] is not None]
         version = self.policy.version
         t0 = time.perf_counter()
         samples: dict[int, Sample] = {}
         sampled = [r for r in ready if r.group.task.demonstrator is None]
         if sampled:
             seed = _round_seed([(r.group.task.sampling_seed, r.step) for r in sampled])
-            replies = self.policy.generate([prompts[id(r)] for r in sampled], seed=seed)
+            replies = self.policy.generate([prompts[id(r)].ids for r in sampled], seed=seed)
             for r, s in zip(sampled, replies, strict=True):
                 samples[id(r)] = s
         demonstrated = [r for r in ready if r.group.task.demonstrator is not None]
@@ -236,11 +261,11 @@ class Rollouts:
             version = self.policy.version
             for r in sorted(self._ready, key=lambda r: (r.group.task.index, r.j)):
                 prompt = self._prompt(r)
-                if prompt is None:  # an agent's chat its template refused: the group is lost
+                if prompt is None:  # refused, past the context, or its group lost
                     continue
                 key = f"{self.run_id}-{next(self._ids)}"
                 seed = request_seed(r.group.task.sampling_seed + r.step, r.j)
-                self.policy.submit(key, prompt, seed=seed)  # type: ignore[attr-defined]
+                self.policy.submit(key, prompt.ids, seed=seed)  # type: ignore[attr-defined]
                 self._requests[key] = (r, prompt, version)
             self._ready = []
         if not self._requests:
@@ -255,30 +280,73 @@ class Rollouts:
 
     # -- environment calls -------------------------------------------------------------
 
-    def _prompt(self, r: _Rollout) -> list[int] | None:
+    def _prompt(self, r: _Rollout) -> _Prompt | None:
+        """The rollout's next prompt; None where there is none to sample: its group is
+        lost, its agent's call is refused, or its turn does not fit (the rollout ends)."""
         if r.group.lost is not None:
             return None
         if r.chat is not None:  # an agent's messages and tools, through the chat template
+            messages, tools = r.chat.messages, r.chat.tools
             try:
-                return r.chat.encode(self.policy)
+                encoded = encode_prompt(self.policy, messages, tools, r.prior)
             except Exception as exc:  # e.g. roles a template refuses: this group alone is lost
-                self._lose(r.group, f"the chat template refused the agent's call: {exc}")
-                if r.group.outstanding == 0 and r.group in self._groups:
-                    self._groups.remove(r.group)
-                    self._lanes.append(r.group.lane)
+                self._lose_now(r.group, f"the chat template refused the agent's call: {exc}")
                 return None
+            refusal = r.chat.context_error(len(encoded.ids), self.policy)
+            if refusal is not None:  # answered with OpenAI's 400; no step is recorded
+                self._call(self.slots.step(r.slot, refusal), r, _Reply(r, None, None, 0))
+                return None
+            return _Prompt(encoded.ids, tuple(messages), tools, encoded.text)
         messages = build_messages(
             r.group.instructions, r.history, r.observation, r.admissible, self.history_window
         )
-        return self.policy.encode_chat(messages)
+        encoded = encode_prompt(self.policy, messages, None, r.prior)
+        budget = getattr(self.policy, "prompt_budget", None)
+        if budget is not None and len(encoded.ids) > budget:
+            fitted = fit_messages(
+                messages, lambda m: len(encode_prompt(self.policy, m).ids) <= budget
+            )
+            if fitted is None:
+                self._cut(r, len(encoded.ids), budget)
+                return None
+            messages, encoded = fitted, encode_prompt(self.policy, fitted)
+        return _Prompt(encoded.ids, tuple(messages), None, encoded.text)
 
-    def _send(self, r: _Rollout, prompt: list[int], sample: Sample, version: int) -> None:
+    def _cut(self, r: _Rollout, tokens: int, budget: int) -> None:
+        """End a native rollout whose current turn alone is past the prompt budget: its
+        last step is truncated there (a first turn that does not fit loses the group)."""
+        if not r.rows:
+            self._lose_now(
+                r.group,
+                f"the first prompt of {r.group.env_name} is {tokens} tokens, past the policy's "
+                f"prompt budget of {budget} (sampling.max_prompt_tokens, and the model's "
+                "context less sampling.max_new_tokens); accepted: a larger budget",
+            )
+            return
+        self._truncate(r)
+
+    def _truncate(self, r: _Rollout) -> None:
+        """Mark the rollout's last step truncated and end the rollout there."""
+        r.group.columns[C.TRUNCATED][r.rows[-1]] = True
+        r.ended, r.won = True, False
+        self._settle(r)
+
+    def _lose_now(self, group: _Group, reason: str) -> None:
+        """Lose `group` from the rollout loop itself (no environment call failed)."""
+        self._lose(group, reason)
+        if group.outstanding == 0 and group in self._groups:
+            self._groups.remove(group)
+            self._lanes.append(group.lane)
+
+    def _send(self, r: _Rollout, prompt: _Prompt, sample: Sample, version: int) -> None:
         if r.chat is not None:  # the agent gets the reply as an OpenAI chat completion
             sample = r.chat.fit(sample, self.policy)
-            action = r.chat.respond(prompt, sample, version, self.policy)
+            action = r.chat.respond(prompt.ids, sample, version, self.policy)
+            answer = r.chat.answered(action)
         else:
             action = parse_action(sample.text, r.admissible)
-        self._call(self.slots.step(r.slot, action), r, _Reply(r, prompt, sample, version))
+            answer = {"role": "assistant", "content": sample.text}
+        self._call(self.slots.step(r.slot, action), r, _Reply(r, prompt, sample, version, answer))
 
     def _call(self, future: Future, r: _Rollout, reply: _Reply | None) -> None:
         r.group.outstanding += 1
@@ -308,6 +376,8 @@ class Rollouts:
                 self._lose(r.group, f"environment raised {type(error).__name__}: {error}")
             elif reply is None:
                 self._started(r, future.result())
+            elif reply.sample is None:
+                self._refused(r, future.result())
             else:
                 self._stepped(reply, future.result())
             if r.group.lost is not None and r.group.outstanding == 0 and r.group in self._groups:
@@ -337,8 +407,11 @@ class Rollouts:
         self._ready.extend(group.rollouts)
 
     def _stepped(self, reply: _Reply, tr) -> None:
-        r, group, sample = reply.rollout, reply.rollout.group, reply.sample
+        r, group, sample, prompt = reply.rollout, reply.rollout.group, reply.sample, reply.prompt
+        assert sample is not None and prompt is not None and reply.answer is not None
         task = group.task
+        if r.prior is not None and not _extends(prompt.ids, r.prior):
+            group.breaks += 1
         row = {
             C.RUN_ID: self.run_id,
             C.SHARD_ID: None,
@@ -350,7 +423,7 @@ class Rollouts:
             C.STATE_KEY: tr.state_key,
             C.NEXT_STATE_KEY: tr.next_state_key,
             C.OBSERVATION: r.observation,
-            C.PROMPT_IDS: reply.prompt,
+            C.PROMPT_IDS: prompt.ids,
             C.ACTION_TEXT: sample.text,
             C.ACTION_IDS: sample.token_ids,
             C.BEHAVIOR_LOGPROBS: sample.logprobs,
@@ -365,14 +438,52 @@ class Rollouts:
         for name, value in row.items():
             group.columns[name].append(value)
         r.rows.append(len(group.columns[C.STEP]) - 1)
-        for i, reward in zip(r.rows, getattr(tr, "turn_rewards", None) or (), strict=False):
-            group.columns[C.REWARD][i] = reward  # an agent's per-turn rewards, known at its end
-        r.history.append((r.observation, sample.text))
+        _turn_rewards(r, tr)
+        r.prior = Prior(
+            prompt.messages,
+            prompt.tools,
+            prompt.text or "",
+            tuple(prompt.ids),
+            tuple(sample.token_ids),
+            reply.answer,
+        )
+        if r.chat is None:  # the turn as its user message showed it (actors/prompts.py)
+            r.history.append((user_turn(r.observation, r.admissible), sample.text))
+        r.step += 1
+        self._next(r, tr)
+
+    def _refused(self, r: _Rollout, tr) -> None:
+        """An agent's call past the context was answered with a 400 and recorded no step;
+        the agent called again (a new chat) or stopped there (its rollout is truncated,
+        envs/agent.py): its last step says so."""
+        if r.rows:
+            last = r.rows[-1]
+            columns = r.group.columns
+            columns[C.NEXT_STATE_KEY][last] = tr.next_state_key
+            if tr.done or tr.truncated:
+                columns[C.DONE][last], columns[C.TRUNCATED][last] = tr.done, tr.truncated
+                columns[C.WON][last], columns[C.REWARD][last] = tr.won, tr.reward
+                _turn_rewards(r, tr)
+        elif tr.done or tr.truncated:
+            self._lose_now(
+                r.group,
+                "an agent stopped before any call of it fit the context (its first was "
+                "answered context_length_exceeded); accepted: a larger sampling.max_prompt_tokens",
+            )
+            return
+        self._next(r, tr)
+
+    def _next(self, r: _Rollout, tr) -> None:
+        """Take in the environment's answer: the rollout's next turn, or its end."""
         r.observation, r.state_key, r.admissible = tr.observation, tr.next_state_key, tr.admissible
         r.chat = getattr(tr, "chat", None)
-        r.step += 1
         r.ended = tr.done or tr.truncated
         r.won = tr.won
+        self._settle(r)
+
+    def _settle(self, r: _Rollout) -> None:
+        """Queue the rollout for its next reply, or hand its group back once all ended."""
+        group = r.group
         if not r.ended:
             self._ready.append(r)
         elif all(x.ended for x in group.rollouts):
@@ -380,12 +491,13 @@ class Rollouts:
             self._lanes.append(group.lane)
             self._finished.append(
                 GroupResult(
-                    task=task,
+                    task=group.task,
                     columns=group.columns,
                     rollouts=self.group_size,
                     steps=len(group.columns[C.STEP]),
                     successes=sum(x.won for x in group.rollouts),
                     versions=set(group.columns[C.POLICY_VERSION]),
+                    breaks=group.breaks,
                 )
             )
 
@@ -398,6 +510,22 @@ class Rollouts:
         if mine and hasattr(self.policy, "abort"):
             self.policy.abort(mine)
         self._finished.append(GroupLost(group.task, reason))
+
+
+def _extends(prompt: list[int], prior: Prior) -> bool:
+    """Whether `prompt` begins with the prior turn's prompt and action ids."""
+    n, m = len(prior.prompt), len(prior.action)
+    return (
+        len(prompt) >= n + m
+        and tuple(prompt[:n]) == prior.prompt
+        and tuple(prompt[n : n + m]) == prior.action
+    )
+
+
+def _turn_rewards(r: _Rollout, tr) -> None:
+    """An agent's per-turn rewards, known at its end, onto its steps."""
+    for i, reward in zip(r.rows, getattr(tr, "turn_rewards", None) or (), strict=False):
+        r.group.columns[C.REWARD][i] = reward
 
 
 def _round_seed(rows: list[tuple[int, int]]) -> int:

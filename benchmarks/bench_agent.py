@@ -54,7 +54,7 @@ async def sokoban(client, task):
         text = reply.choices[0].message.content or ""
         tr = env.step(parse_action(text, admissible))
         rewards.append(tr.reward)
-        history.append((observation, text))
+        history.append((messages[-1]["content"], text))  # the turn as it was shown
         observation, key, admissible = tr.observation, tr.next_state_key, tr.admissible
         if tr.done or tr.truncated:
             return {

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gagpo.envs.base import Reset, Transition
-from gagpo.envs.openai_chat import Call
+from gagpo.envs.openai_chat import Call, RequestError
 from gagpo.schemas.errors import GagpoError
 
 DEFAULT_MODEL = "policy"
@@ -225,13 +225,21 @@ class AgentEnv:
         call = event.call
         return AgentReset(call.observation, call.state_key, None, chat=call)
 
-    def step(self, reply: dict) -> AgentTransition:  # type: ignore[override]
+    def step(self, reply: dict | RequestError) -> AgentTransition:  # type: ignore[override]
+        """Answer the held call with `reply`, or with the error the rollout loop gave for
+        a prompt past the context (no turn: actors/rollout.py records no step for it)."""
         turn, self._turn = self._turn, None
         if turn is None or self._rollout is None:
             raise AgentError("step() without a call to answer")
-        self._keys.append(turn.call.state_key)
-        self._endpoint.answer(turn, reply)  # type: ignore[union-attr]
-        event = self._next(self.turn_timeout_s)
+        refused = isinstance(reply, RequestError)
+        if refused:
+            self._endpoint.refuse(turn, reply)  # type: ignore[union-attr]
+        else:
+            self._keys.append(turn.call.state_key)
+            self._endpoint.answer(turn, reply)  # type: ignore[union-attr]
+        event = self._next(self.turn_timeout_s, failure_ends=refused)
+        if refused and not hasattr(event, "call"):
+            return self._stopped_at_context(turn.call, event)
         if hasattr(event, "call"):
             call = event.call
             if len(self._keys) >= self.max_turns:  # refused: the rollout is cut here
@@ -294,8 +302,30 @@ class AgentEnv:
     def _first_wait_s(self) -> float:
         return self.turn_timeout_s
 
-    def _next(self, timeout: float):
-        """The rollout's next event (a call or the agent's end); an error for a failure."""
+    def _stopped_at_context(self, refused: Call, event) -> AgentTransition:
+        """The agent stopped at a call past the context, returning or raising (as an agent
+        that does not catch the `openai` client's BadRequestError does): its rollout is
+        truncated there, with the rewards it returned for its answered turns."""
+        turns = len(self._keys)
+        rewards = [0.0] * turns
+        if hasattr(event, "result") and turns:
+            rewards = read_outcome(event.result, turns)[0]
+        self.close("the agent stopped at the context limit")
+        return AgentTransition(
+            "",
+            refused.state_key,
+            None,
+            rewards[-1] if rewards else 0.0,
+            done=False,
+            truncated=True,
+            action_valid=True,
+            admissible=None,
+            turn_rewards=tuple(rewards),
+        )
+
+    def _next(self, timeout: float, failure_ends: bool = False):
+        """The rollout's next event (a call or the agent's end); an error for a failure,
+        unless `failure_ends` (the agent raised at a refused call: it stopped there)."""
         try:
             event = self._rollout.events.get(timeout=timeout)  # type: ignore[union-attr]
         except queue.Empty:
@@ -303,7 +333,7 @@ class AgentEnv:
             raise TimeoutError(
                 f"agent made no model call and did not end within {timeout:g} s (turn_timeout_s)"
             ) from None
-        if hasattr(event, "line"):
+        if hasattr(event, "line") and not failure_ends:
             self.close("the agent failed")
             raise AgentError(event.line)
         return event

@@ -200,6 +200,10 @@ class Endpoint:
         """Reply to a held call (from the slot's thread), on the loop that holds it."""
         turn.future.get_loop().call_soon_threadsafe(_settle, turn.future, reply, None)
 
+    def refuse(self, turn: Turn, error: RequestError) -> None:
+        """Answer a held call with `error` (a prompt past the context: OpenAI's 400)."""
+        turn.future.get_loop().call_soon_threadsafe(_settle, turn.future, None, error)
+
     def close(self, rollout: Rollout, why: str) -> None:
         """End a rollout: a call it holds gets a 409 with `why`, its agent is cancelled, and
         its URL answers 404 from now on."""
@@ -334,6 +338,8 @@ class Endpoint:
             reply = await future
         except RolloutClosed as exc:
             return _error(409, f"the rollout ended: {exc}")
+        except RequestError as exc:  # refused by the rollout loop (context_length_exceeded)
+            return exc.status, exc.payload()
         finally:
             rollout.pending = None
         return 200, reply

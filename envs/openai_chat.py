@@ -9,7 +9,12 @@ An agent's `chat.completions.create` call is one turn, one step (docs/environmen
   what the environment's `state_key` callback returns for the observation's messages,
   else a hash of them (role, name, text; never ids, which differ between rollouts);
 - **prompt**: the policy's chat template applied to the messages and tools as sent, so the
-  recorded `prompt_ids` are the ids the policy was conditioned on;
+  recorded `prompt_ids` are the ids the policy was conditioned on; where the messages
+  begin with the rollout's previous ones and the reply it was given, unchanged, the
+  previous prompt and reply ids are extended instead, never decoded and encoded again
+  (actors/policies/prompt_ids.py);
+- **context**: a prompt past the policy's limits is never cut: the call is answered with
+  OpenAI's 400 `context_length_exceeded` (`Call.context_error`) and records no step;
 - **reply**: the text as sampled; tool calls are read from the template's own rendering
   (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, the Hermes/Qwen form).
 
@@ -33,11 +38,21 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
 class RequestError(ValueError):
-    """A request the endpoint refuses: an HTTP status and one line saying what is accepted."""
+    """A request the endpoint refuses: an HTTP status and one line saying what is accepted
+    (with OpenAI's `code` and `param` where it has them)."""
 
-    def __init__(self, status: int, line: str) -> None:
+    def __init__(
+        self, status: int, line: str, *, code: str | None = None, param: str | None = None
+    ) -> None:
         super().__init__(line)
-        self.status = status
+        self.status, self.code, self.param = status, code, param
+
+    def payload(self) -> dict:
+        """The error in OpenAI's shape, so the `openai` client raises it with this line."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {
+            "error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}
+        }
 
 
 @dataclass(frozen=True)
@@ -55,18 +70,38 @@ class Call:
     logprobs: bool
     stop: tuple[str, ...] = ()  # OpenAI's `stop`: the reply ends where one of them appears
 
-    def encode(self, policy) -> list[int]:
-        """The prompt ids: the chat template applied to the messages (and tools) as sent,
-        with the generation prompt, cut from the left to the policy's prompt budget."""
-        messages = list(self.messages)
-        if not self.tools:  # the same path as every other environment's prompts
-            return policy.encode_chat(messages)
-        tokenizer = policy.tokenizer
-        text = tokenizer.apply_chat_template(
-            messages, tools=list(self.tools), add_generation_prompt=True, tokenize=False
-        )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        return list(ids[-policy.prompt_budget :])
+    def context_error(self, prompt_tokens: int, policy) -> RequestError | None:
+        """OpenAI's 400 `context_length_exceeded` for a prompt of `prompt_tokens` past the
+        policy's limits: longer than `sampling.max_prompt_tokens`, or leaving the model's
+        context no room for the reply (`max_tokens` when asked, and never less than the
+        policy's `max_new_tokens`, which it may sample). None where it fits, or where the
+        policy says no context (a stand-in)."""
+        sampling, context = getattr(policy, "sampling", None), getattr(policy, "context", None)
+        limit = getattr(sampling, "max_prompt_tokens", None)
+        if context is None or limit is None:
+            return None
+        reply = max(self.max_tokens or 0, sampling.max_new_tokens)
+        if prompt_tokens > limit:
+            line = (
+                f"This endpoint's prompts are at most {limit} tokens (sampling.max_prompt_tokens). "
+                f"However, your messages resulted in {prompt_tokens} tokens. Please reduce the "
+                "length of the messages."
+            )
+        elif prompt_tokens + reply > context:
+            line = (
+                f"This model's maximum context length is {context} tokens. However, you "
+                f"requested {prompt_tokens + reply} tokens ({prompt_tokens} in the messages, "
+                f"{reply} in the completion). Please reduce the length of the messages or "
+                "completion."
+            )
+        else:
+            return None
+        return RequestError(400, line, code="context_length_exceeded", param="messages")
+
+    def answered(self, completion: dict) -> dict:
+        """The assistant message of `completion` as the next call's messages hold it when
+        the agent sends it back unchanged (read as `read_request` reads messages)."""
+        return _messages([completion["choices"][0]["message"]])[0]
 
     def fit(self, sample, policy):
         """The reply cut to the call's `max_tokens`, then after the token that completes one

@@ -148,7 +148,9 @@ def test_tiny_tokenizer_lowercases_and_unks_unknown_words(tiny):
     assert tiny.tokenizer.decode(ids, skip_special_tokens=True) == "go to 3"
 
 
-def test_encode_chat_uses_the_template_and_cuts_from_the_left(tmp_path):
+def test_encode_chat_uses_the_template_and_never_cuts(tmp_path):
+    """The whole chat, past the prompt budget too: the rollout loop drops whole turns or
+    refuses an agent's call instead (tests/test_long_horizon.py)."""
     short = load_policy("tiny", sampling=SamplingConfig(max_prompt_tokens=16), device="cpu")
     messages = build_messages("rules", [("look", "go to desk 1")] * 5, "now", ["look"], 5)
     full = short.tokenizer(
@@ -156,7 +158,8 @@ def test_encode_chat_uses_the_template_and_cuts_from_the_left(tmp_path):
         add_special_tokens=False,
     )["input_ids"]
     ids = short.encode_chat(messages)
-    assert len(full) > 16 and ids == full[-16:]
+    assert len(full) > 16 and ids == full and short.prompt_budget == 16
+    assert short.tokenizer.convert_ids_to_tokens(ids[:2]) == ["<|im_start|>", "system"]
     assert short.tokenizer.convert_ids_to_tokens(ids[-2:]) == ["<|im_start|>", "assistant"]
 
 

@@ -47,7 +47,10 @@ class PolicyBackend(Protocol):
     model_dir: Path  # the Hugging Face folder the weights came from
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Chat template + generation prompt, left-truncated to the context budget."""
+        """Chat template + generation prompt, whole. Backends with a model also say
+        `context` (tokens the model attends to) and `prompt_budget` (the longest prompt
+        that leaves room for a reply: min(max_prompt_tokens, context − max_new_tokens));
+        the rollout loop keeps prompts within it (actors/rollout.py)."""
         ...
 
     def generate(self, prompts: list[list[int]], *, seed: int | None = None) -> list[Sample]:

@@ -62,9 +62,10 @@ def load_chat_tokenizer(model_dir: Path):
     return tokenizer
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict[str, str]], budget: int) -> list[int]:
-    """Chat template + generation prompt as token ids, cut from the left to `budget`: the
-    same ids whichever backend samples from them."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return list(ids[-budget:])
+def chat_prompt_ids(tokenizer, messages: list[dict], tools=None) -> list[int]:
+    """Chat template + generation prompt as token ids, whole: the same ids whichever
+    backend samples from them. Nothing is cut: a prompt past the context is the rollout
+    loop's to answer (whole turns dropped, or OpenAI's context_length_exceeded)."""
+    from gagpo.actors.policies.prompt_ids import render, text_ids
+
+    return text_ids(tokenizer, render(tokenizer, messages, tools, generation=True))

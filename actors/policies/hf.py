@@ -110,10 +110,10 @@ class HFPolicy:
         self.eos_ids = self._eos_ids()
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
-        context = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
-        # The reply must fit in the context after the prompt.
+        # The model's context; a prompt and its reply must fit in it (actors/rollout.py).
+        self.context = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
         self.prompt_budget = max(
-            1, min(self.sampling.max_prompt_tokens, context - self.sampling.max_new_tokens)
+            1, min(self.sampling.max_prompt_tokens, self.context - self.sampling.max_new_tokens)
         )
         self._newline, self._visible = self._token_classes()
 
@@ -152,9 +152,9 @@ class HFPolicy:
 
     # -- interface ---------------------------------------------------------------------
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Chat template + generation prompt, cut from the left to the prompt budget."""
-        return chat_prompt_ids(self.tokenizer, messages, self.prompt_budget)
+    def encode_chat(self, messages: list[dict], tools=None) -> list[int]:
+        """Chat template + generation prompt, whole (never cut: see `prompt_budget`)."""
+        return chat_prompt_ids(self.tokenizer, messages, tools)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], *, seed: int | None = None) -> list[Sample]:

@@ -203,17 +203,17 @@ class VLLMPolicy:
         engine_config = getattr(self.engine, "model_config", None) or getattr(
             getattr(self.engine, "llm_engine", None), "model_config", None
         )
-        context = getattr(engine_config, "max_model_len", None) or s.max_model_len or 1 << 30
+        self.context = getattr(engine_config, "max_model_len", None) or s.max_model_len or 1 << 30
         self.prompt_budget = max(
-            1, min(self.sampling.max_prompt_tokens, context - self.sampling.max_new_tokens)
+            1, min(self.sampling.max_prompt_tokens, self.context - self.sampling.max_new_tokens)
         )
 
     # -- interface ---------------------------------------------------------------------
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Chat template + generation prompt, cut from the left to the prompt budget
-        (the same ids as the transformers backend)."""
-        return chat_prompt_ids(self.tokenizer, messages, self.prompt_budget)
+    def encode_chat(self, messages: list[dict], tools=None) -> list[int]:
+        """Chat template + generation prompt, whole (the same ids as the transformers
+        backend; never cut: see `prompt_budget`)."""
+        return chat_prompt_ids(self.tokenizer, messages, tools)
 
     def generate(self, prompts: list[list[int]], *, seed: int | None = None) -> list[Sample]:
         """One sample per prompt, in input order, all in one engine call."""

@@ -1,0 +1,126 @@
+"""A long-horizon task for tests and the learner's benchmark (issue 38).
+
+`corridor` is an agent written only against the `openai` package that keeps its whole
+history and plays up to `task.max_turns` turns (20–50 in the tests): it walks a corridor
+toward an exit it is told about each turn. Played with
+`--env agent:tests.helpers.long_horizon:corridor`. Its `task.options` (the actor's
+`env_options`) change how it treats its history:
+
+- `edit_every = k`: every k-th turn it rewrites its previous reply before sending the
+  history back (the prompt then cannot extend the previous one: a break);
+- `grow = n`: every user turn carries n extra words, so a long conversation passes the
+  context; the agent stops at the endpoint's `context_length_exceeded` (it returns
+  `{"truncated": True}` when `on_context = "return"`, or lets the error propagate).
+
+`full_history_steps` builds, without a model, the steps of such rollouts (each prompt the
+previous prompt + its reply + the new user turn), quickly, for the learner's benchmark.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from gagpo.schemas import columns as C
+
+SYSTEM = "you are in a corridor . reply with one direction : left or right ."
+LENGTH = 9  # cells; the agent starts in the middle
+
+
+async def corridor(client, task):
+    """Walk toward the exit; reward 1 and won on reaching it, else 0 after max_turns."""
+    import openai
+
+    options = task.options
+    edit_every, grow = int(options.get("edit_every", 0)), int(options.get("grow", 0))
+    exit_ = random.Random(task.seed).choice([0, LENGTH - 1])
+    position = LENGTH // 2
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": _where(position, exit_, grow, 0)},
+    ]
+    for turn in range(task.max_turns):
+        if edit_every and turn and turn % edit_every == 0:
+            messages[-2] = {"role": "assistant", "content": "right"}  # its own history, edited
+        try:
+            reply = await client.chat.completions.create(model=task.model, messages=messages)
+        except openai.BadRequestError as exc:
+            if options.get("on_context") == "return" and exc.code == "context_length_exceeded":
+                return {"truncated": True}
+            raise
+        content = reply.choices[0].message.content or ""
+        messages.append({"role": "assistant", "content": content})
+        words = content.split()
+        step = {"left": -1, "right": 1}.get(words[0] if words else "", 0)
+        position = min(max(position + step, 0), LENGTH - 1)
+        if position == exit_:
+            return {"reward": 1.0, "won": True}
+        messages.append({"role": "user", "content": _where(position, exit_, grow, turn + 1)})
+    return 0.0
+
+
+def _where(position: int, exit_: int, grow: int, turn: int) -> str:
+    side = "left" if exit_ < position else "right"
+    padding = " ." * grow
+    return f"turn {turn} . you are at {position} . the exit is to the {side} .{padding}"
+
+
+def full_history_steps(
+    *,
+    turns: int,
+    groups: int = 2,
+    group_size: int = 4,
+    vocab_size: int = 100,
+    system_tokens: int = 32,
+    user_tokens: int = 12,
+    action_tokens: int = 6,
+    seed: int = 0,
+    run_id: str = "long",
+    shard_id: str = "long-shard",
+) -> pa.Table:
+    """A steps table of full-history rollouts, built without a model: step t's prompt is
+    step t−1's prompt + action + `user_tokens` new ids, so every step after the first
+    extends the one before (what the actor records for an agent that keeps its history).
+    Token ids are drawn from [1, vocab_size); rewards are 1 on the last step of rollouts
+    of even index. Valid under the steps schema (tests/helpers/steps.py's `make_steps`
+    shape, with long prompts)."""
+    rng = random.Random(seed)
+    ids = lambda n: [rng.randrange(1, vocab_size) for _ in range(n)]  # noqa: E731
+    rows: dict[str, list] = {name: [] for name in C.STEPS_COLUMNS}
+    now = datetime.now(UTC)
+    for g in range(groups):
+        first = ids(system_tokens + user_tokens)  # a group's rollouts start alike
+        for j in range(group_size):
+            prompt = list(first)
+            for t in range(turns):
+                last = t == turns - 1
+                action = ids(action_tokens)
+                values = {
+                    C.RUN_ID: run_id,
+                    C.SHARD_ID: shard_id,
+                    C.GROUP_ID: f"{shard_id}-g{g}",
+                    C.TRAJ_ID: f"{shard_id}-g{g}-r{j}",
+                    C.STEP: t,
+                    C.ENV: "long-horizon",
+                    C.TASK_ID: f"long-horizon-{g}",
+                    C.STATE_KEY: f"g{g}-t{t}",
+                    C.NEXT_STATE_KEY: None if last else f"g{g}-t{t + 1}",
+                    C.OBSERVATION: f"turn {t}",
+                    C.PROMPT_IDS: list(prompt),
+                    C.ACTION_TEXT: " ".join(map(str, action)),
+                    C.ACTION_IDS: action,
+                    C.BEHAVIOR_LOGPROBS: [-rng.uniform(0.1, 5.0) for _ in action],
+                    C.POLICY_VERSION: 0,
+                    C.REWARD: float(last and j % 2 == 0),
+                    C.DONE: last,
+                    C.TRUNCATED: False,
+                    C.ACTION_VALID: True,
+                    C.WON: last and j % 2 == 0,
+                    C.CREATED_AT: now,
+                }
+                for name, value in values.items():
+                    rows[name].append(value)
+                prompt += action + ids(user_tokens)
+    return pa.Table.from_pydict(rows, schema=C.STEPS_SCHEMA)
