@@ -371,8 +371,13 @@ _REFUSED_STATEMENTS = frozenset(
     if hasattr(duckdb.StatementType, name)
 )
 # EXPLAIN's body is checked as a statement of its own: EXPLAIN ANALYZE runs it.
-_EXPLAIN = re.compile(r"^\s*explain\s+(?:analy[sz]e\s+)?(?:\([^)]*\)\s*)?", re.IGNORECASE)
-_COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
+# Its head: EXPLAIN, then ANALYZE or options in parentheses, with spaces and comments
+# anywhere between them (none inside the explained statement is touched).
+_GAP = r"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
+_EXPLAIN = re.compile(
+    rf"^{_GAP}explain\b{_GAP}(?:analy[sz]e\b{_GAP})?(?:\([^)]*\){_GAP})?",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 def _refuse_statements(query: str) -> None:
@@ -395,7 +400,6 @@ def _refuse_statements(query: str) -> None:
 
 def _explained(text: str) -> str:
     """The statement an EXPLAIN statement explains; one this cannot find is refused."""
-    text = _COMMENTS.sub(" ", text)
     match = _EXPLAIN.match(text)
     body = text[match.end() :] if match else ""
     try:

@@ -153,8 +153,12 @@ def test_reads_and_explains_still_run(store, segment):
     try:
         n = sql.run_query(con, "SELECT count(*) AS n FROM steps")["n"].to_pylist()[0]
         assert n == sum(store.read_table(p).num_rows for p in sql.src.steps_files(store))
-        plan = sql.run_query(con, "EXPLAIN ANALYZE SELECT count(*) FROM steps")
-        assert plan.num_rows >= 1
+        for explain in (
+            "EXPLAIN ANALYZE SELECT count(*) FROM steps",
+            "EXPLAIN/* a */ANALYZE -- b\n(FORMAT json) SELECT 1",
+            "EXPLAIN SELECT '-- not a comment' AS a",
+        ):
+            assert sql.run_query(con, explain).num_rows >= 1, explain
         sql.run_query(con, "CREATE TEMP TABLE t AS SELECT 1 AS x")  # in memory: allowed
     finally:
         sql.close_store_db(con)
