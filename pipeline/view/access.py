@@ -10,10 +10,10 @@
   resolves to 127.0.0.1 (DNS rebinding). An SSH tunnel's local end is such a host.
 - Requests from other sites are refused: a POST takes `application/json` only (a page
   elsewhere cannot send that without a CORS preflight, which this server never grants),
-  and a POST or an /api/ request whose `Origin` is not this server's own, or whose
-  `Sec-Fetch-Site` says another site sent it, is a 403. A web page open in the user's
-  browser can therefore run no query against the viewer; a link to one of its pages
-  still opens it. Clients that are not browsers (curl) send neither header.
+  and a POST or an /api/ request whose `Origin` names another host or port than its Host
+  header, or whose `Sec-Fetch-Site` says another site sent it, is a 403. A web page open
+  in the user's browser can therefore run no query against the viewer; a link to one of
+  its pages still opens it. Clients that are not browsers (curl) send neither header.
 - Every answer carries headers that keep the pages to their own assets (CSP `'self'`: no
   script from elsewhere, none inline), out of frames, and the token out of Referer.
 """
@@ -140,10 +140,9 @@ def _other_site(scope, headers: dict[str, str]) -> tuple[int, str] | None:
         return 415, "this endpoint takes a JSON body only; accepted: Content-Type: application/json"
     if method in ("GET", "HEAD") and not scope.get("path", "").startswith("/api/"):
         return None
-    origin = headers.get("origin")
-    own = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}".lower()
+    origin, own = headers.get("origin"), headers.get("host", "").lower()
     site = headers.get("sec-fetch-site")
-    if (origin is not None and origin.lower() != own) or (
+    if (origin is not None and (not own or _origin_host(origin) != own)) or (
         site is not None and site.lower() not in _OWN_SITE
     ):
         return 403, (
@@ -151,6 +150,14 @@ def _other_site(scope, headers: dict[str, str]) -> tuple[int, str] | None:
             f"Origin {(origin or '-')[:100]}, Sec-Fetch-Site {(site or '-')[:40]})"
         )
     return None
+
+
+def _origin_host(origin: str) -> str:
+    """The host[:port] of an Origin header ("null" and the like: none). The scheme is left
+    out: behind a proxy that ends TLS the page is https and this server sees http, and no
+    other server can answer on this one's host and port."""
+    scheme, sep, host = origin.lower().partition("://")
+    return host if sep and scheme in ("http", "https") and "/" not in host else ""
 
 
 def _media_type(headers: dict[str, str]) -> str:
