@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from gagpo.learner.config import CompactionSettings
 from gagpo.schemas import columns as C
 from gagpo.schemas.archive import read_ledger, tail_ledger_path
-from gagpo.schemas.cli import run_cli
+from gagpo.schemas.cli import OneLineCommand, run_cli
 from gagpo.schemas.cli_models import ModelOptions
 from gagpo.schemas.compaction import CompactionResult, compact
 from gagpo.schemas.errors import GagpoError
@@ -239,7 +239,9 @@ def _progress(total: int):
 _SEGMENT_OPTION = ModelOptions(CompactionSettings, skip=("every_updates", "min_mib"))
 
 
-@click.command("compact", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    "compact", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.option(
     "--store",
     "store_url",
