@@ -81,6 +81,8 @@ def _print_summary(summary, store_url: str) -> None:
             if summary.groups_lost
             else ""
         )
+        # Breaks (issue 38): later steps whose prompt does not extend the previous step's.
+        + f"; prompt breaks {summary.prompt_breaks}/{max(summary.steps - summary.rollouts, 0)}"
     )
     click.echo(
         f"time: generate {summary.seconds_generate / total:.0%}, environment "

@@ -12,6 +12,11 @@ toward an exit it is told about each turn. Played with
   context; the agent stops at the endpoint's `context_length_exceeded` (it returns
   `{"truncated": True}` when `on_context = "return"`, or lets the error propagate).
 
+`CorridorEnv` is the same task as a native environment (its observation restates the
+task every turn, as the built-in ones do; `grow` words more each turn), for a native run
+with a history window that holds the whole episode. Each `openai.BadRequestError` an
+agent met is appended to `CONTEXT_ERRORS` (in-process agents share the test's process).
+
 `full_history_steps` builds, without a model, the steps of such rollouts (each prompt the
 previous prompt + its reply + the new user turn), quickly, for the learner's benchmark.
 """
@@ -23,10 +28,13 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
+from gagpo.envs.base import Reset, Transition
 from gagpo.schemas import columns as C
 
 SYSTEM = "you are in a corridor . reply with one direction : left or right ."
 LENGTH = 9  # cells; the agent starts in the middle
+# (status, code, param, calls answered before it) of each BadRequestError an agent met.
+CONTEXT_ERRORS: list[tuple[int, str | None, str | None, int]] = []
 
 
 async def corridor(client, task):
@@ -47,6 +55,7 @@ async def corridor(client, task):
         try:
             reply = await client.chat.completions.create(model=task.model, messages=messages)
         except openai.BadRequestError as exc:
+            CONTEXT_ERRORS.append((exc.status_code, exc.code, exc.param, turn))
             if options.get("on_context") == "return" and exc.code == "context_length_exceeded":
                 return {"truncated": True}
             raise
@@ -65,6 +74,54 @@ def _where(position: int, exit_: int, grow: int, turn: int) -> str:
     side = "left" if exit_ < position else "right"
     padding = " ." * grow
     return f"turn {turn} . you are at {position} . the exit is to the {side} .{padding}"
+
+
+class CorridorEnv:
+    """`corridor` as a native environment: reply left or right; the exit ends it (won)."""
+
+    name = "corridor"
+    instructions = SYSTEM
+    thread_safe = True
+
+    def __init__(self, max_turns: int = 30, grow: int = 0) -> None:
+        self.max_turns, self.grow = max_turns, grow
+
+    def reset(self, task_seed: int) -> Reset:
+        self.exit = random.Random(task_seed).choice([0, LENGTH - 1])
+        self.position, self.turn = LENGTH // 2, 0
+        return Reset(self._observation(), self._key(), ("left", "right"))
+
+    def step(self, reply: str) -> Transition:
+        before = self._key()
+        step = {"left": -1, "right": 1}.get(reply.strip(), 0)
+        self.position = min(max(self.position + step, 0), LENGTH - 1)
+        self.turn += 1
+        won = self.position == self.exit
+        cut = not won and self.turn >= self.max_turns
+        return Transition(
+            observation=self._observation(),
+            state_key=before,
+            next_state_key=None if won else self._key(),
+            reward=float(won),
+            done=won,
+            truncated=cut,
+            action_valid=step != 0,
+            admissible=("left", "right"),
+            won=won,
+        )
+
+    def _observation(self) -> str:
+        return _where(self.position, self.exit, self.grow * (self.turn + 1), self.turn)
+
+    def _key(self) -> str:
+        return f"corridor:{self.exit}:{self.position}"
+
+    def expert_plan(self) -> list[str] | None:
+        return None
+
+    @classmethod
+    def vocabulary(cls) -> list[str]:
+        return []
 
 
 def full_history_steps(
