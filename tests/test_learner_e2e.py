@@ -108,7 +108,9 @@ def test_resume_continues_exactly(straight, tmp_path: Path):
 @pytest.mark.parametrize(("phase", "update"), [("backward", 4), ("publish", 3)])
 def test_sigkill_then_resume(straight, tmp_path: Path, phase, update):
     store = fresh_store(tmp_path, "store")
-    kill_at(tmp_path / "store", f"{phase}:{update}", tmp_path, updates=5)
+    # A state with every version, before LATEST moves: the resume is exact (issue 40)
+    every_version = ("--state-every", "1", "--no-state-async")
+    kill_at(tmp_path / "store", f"{phase}:{update}", tmp_path, *every_version, updates=5)
     latest = store.policies.latest()
     # LATEST never names an incomplete version.
     assert latest == update - 1 and store.fs.exists(f"{store.policies.dir(latest)}/{COMPLETE}")
