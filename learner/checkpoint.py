@@ -63,6 +63,7 @@ from gagpo.learner.lease import acquire, check_lease
 from gagpo.learner.publish import folder_bytes, is_complete, put_folder, remove_folder
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.faults import set_thread_ordinal
 from gagpo.schemas.layout import STATE_LEDGER, STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
 from gagpo.schemas.store import Store
 
@@ -239,6 +240,8 @@ class StateWriter:
         self._thread.start()
 
     def _write(self, snapshot: StateSnapshot) -> None:
+        if self._thread is not None:  # crash tests hold "checkpoint:N" in update N's state
+            set_thread_ordinal(snapshot.record.get("update"))
         try:
             written = write_state(self.store, snapshot)
             with self._lock:

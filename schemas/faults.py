@@ -17,15 +17,23 @@ lookup.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 _ordinal: int | None = None  # the learner's current update; None: count occurrences
 _seen: dict[str, int] = {}
+_thread = threading.local()  # a thread working for one update while others run (see below)
 
 
 def set_ordinal(n: int) -> None:
     global _ordinal
     _ordinal = n
+
+
+def set_thread_ordinal(n: int | None) -> None:
+    """This thread's points belong to update `n` whatever update runs meanwhile (the
+    learner's state writer: the state of update n is written while n + 1 runs)."""
+    _thread.ordinal = n if n is not None else _ordinal
 
 
 def fault_point(phase: str) -> None:
@@ -38,7 +46,7 @@ def fault_point(phase: str) -> None:
     _seen[phase] = _seen.get(phase, 0) + 1
     # A compaction runs beside the learner's updates (learner/compact.py): its phases count
     # occurrences, the n-th compaction reaching the phase, whatever update is under way.
-    ordinal = None if phase.startswith("compact-") else _ordinal
+    ordinal = None if phase.startswith("compact-") else getattr(_thread, "ordinal", _ordinal)
     if (ordinal if ordinal is not None else _seen[phase]) == int(want):
         with open(path, "w") as handle:
             handle.write(str(os.getpid()))
