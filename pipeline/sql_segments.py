@@ -15,9 +15,9 @@ from __future__ import annotations
 import io
 import os
 import threading
+from datetime import UTC, datetime
 
 from fsspec import AbstractFileSystem
-from fsspec.implementations.local import LocalFileSystem
 
 PROTOCOL = "gagposegment"
 _PREFIX = f"{PROTOCOL}://"
@@ -43,7 +43,6 @@ class ReadOnlySegments(AbstractFileSystem):
     def __init__(self, paths: list[str], **kwargs):
         super().__init__(**kwargs)
         self._paths = frozenset(os.path.abspath(p) for p in paths)
-        self._local = LocalFileSystem()
 
     @classmethod
     def _strip_protocol(cls, path):
@@ -52,7 +51,7 @@ class ReadOnlySegments(AbstractFileSystem):
 
     def _listed(self, path: str) -> str:
         path = self._strip_protocol(path)
-        if os.path.abspath(path) != path or path not in self._paths:
+        if path not in self._paths:
             raise PermissionError(f"read-only segments: {path} is not a listed segment")
         return path
 
@@ -64,16 +63,25 @@ class ReadOnlySegments(AbstractFileSystem):
         return SegmentFile(self._listed(path))
 
     def info(self, path, **kwargs):
-        info = self._local.info(self._listed(path))
-        return dict(info, name=self._strip_protocol(path))
+        # os.stat follows no more than the store's own listing did (sql_sources.inside).
+        path = self._listed(path)
+        stat = os.stat(path)
+        return {"name": path, "size": stat.st_size, "type": "file", "mtime": stat.st_mtime}
 
     def ls(self, path, detail=True, **kwargs):
         # Listing is lookup of one listed file: a folder is never listed.
         info = self.info(path)
         return [info] if detail else [info["name"]]
 
+    def glob(self, path, **kwargs):
+        """A listed segment that exists, as itself; no pattern is ever expanded."""
+        try:
+            return [self.info(path)["name"]]
+        except FileNotFoundError:
+            return []
+
     def modified(self, path):
-        return self._local.modified(self._listed(path))
+        return datetime.fromtimestamp(self.info(path)["mtime"], tz=UTC)
 
 
 class SegmentFile(io.RawIOBase):
