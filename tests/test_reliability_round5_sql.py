@@ -94,7 +94,7 @@ WRITES = [
     "ATTACH '{target}' AS d (READ_WRITE); CREATE TABLE d.t AS SELECT 1 AS x; CHECKPOINT d",
     "EXPORT DATABASE '{folder}'",
     "INSTALL httpfs",
-    "LOAD parquet",
+    "LOAD httpfs",
     "CALL enable_logging(storage = 'file', storage_path = '{folder}')",
     "SET log_query_path = '{target}'",
     "PRAGMA enable_profiling = 'json'; PRAGMA profiling_output = '{target}'",
@@ -123,7 +123,9 @@ def test_no_spelling_of_a_write_reaches_a_segment(store, segment, template, targ
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("template", [w for w in WRITES if "{target}" in w])
+@pytest.mark.parametrize(
+    "template", [w for w in WRITES if w not in ("PREPARE p AS SELECT 1", "EXECUTE p")]
+)
 def test_duckdb_itself_refuses_the_writes_the_parser_check_would_miss(
     store, segment, template, target, monkeypatch
 ):
