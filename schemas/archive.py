@@ -492,13 +492,28 @@ def archived_ledger(store: Store, manifest: Manifest | None = None) -> pa.Table:
     """The ledger rows the archive holds (groups compacted after a learner consumed them)."""
     manifest = read_manifest(store) if manifest is None else manifest
     parts = [
-        store.read_table(ledger_part_path(store, s.id)).select(C.LEDGER_SCHEMA.names)
+        read_ledger_part(store, s.id)
         for s in (manifest.segments if manifest else ())
         if s.min_update is not None
     ]
     if not parts:
         return C.LEDGER_SCHEMA.empty_table()
     return pa.concat_tables([p.cast(C.LEDGER_SCHEMA) for p in parts])
+
+
+def read_ledger_part(store: Store, segment_id: str) -> pa.Table:
+    """The ledger rows of a segment (the ledger's columns); a part that does not decode or
+    lacks a column is refused with one line, as a bad segment is."""
+    path = ledger_part_path(store, segment_id)
+    try:
+        return store.read_table(path).select(C.LEDGER_SCHEMA.names).cast(C.LEDGER_SCHEMA)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
+        raise GagpoError(
+            f"archive ledger part {path} cannot be used: {first_line(exc)}; refused: nothing "
+            "was read from it or changed (restore the file, or the store, from a copy)"
+        ) from None
 
 
 def read_ledger(store: Store, manifest: Manifest | None = None) -> pa.Table:

@@ -53,6 +53,7 @@ from gagpo.schemas.archive import (
     moved_name,
     moved_path,
     moved_shards,
+    read_ledger_part,
     read_manifest,
     segment_path,
 )
@@ -354,7 +355,7 @@ def _segment_with_ledger(store: Store, segment: Segment) -> tuple[pa.Table, pa.T
     table = checked_segment(store, segment_path(store, segment.id))
     ledger = None
     if segment.min_update is not None:
-        ledger = store.read_table(ledger_part_path(store, segment.id))
+        ledger = read_ledger_part(store, segment.id)
     return table, ledger
 
 

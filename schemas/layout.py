@@ -170,12 +170,15 @@ def shard(root: str, run_id: str, shard_id: str) -> str:
 
 
 def parse_shard(path: str) -> tuple[str, str] | None:
-    """(run_id, shard_id) of a shard's path; None for a temporary file or anything else."""
+    """(run_id, shard_id) of a shard's path; None for a temporary file or anything else,
+    a name whose ids are no ids (`is_id`) included: no writer of ours names a file so, and
+    every path built from a shard's ids must stay one plain name."""
     name = posixpath.basename(path)
     folder = posixpath.basename(posixpath.dirname(path))
     if name.startswith(".") or not name.endswith(PARQUET) or not folder.startswith(RUN_PREFIX):
         return None
-    return folder[len(RUN_PREFIX) :], name[: -len(PARQUET)]
+    run_id, shard_id = folder[len(RUN_PREFIX) :], name[: -len(PARQUET)]
+    return (run_id, shard_id) if is_id(run_id) and is_id(shard_id) else None
 
 
 # --- the archive -------------------------------------------------------------------------

@@ -105,6 +105,9 @@ def parquet_table(data: bytes, columns: list[str] | None = None) -> pa.Table:
     return parquet.read(columns=columns, use_threads=False)
 
 
+_LINKED_FOLDER = "lies in a folder reached through a symbolic link"
+
+
 class OutsideStoreError(GagpoError):
     """A path that is not the store's own: outside its root, or through a symbolic link."""
 
@@ -253,7 +256,7 @@ class Store:
             expected = posixpath.normpath(posixpath.join(real_root, folder))
             folders[folder] = os.path.realpath(posixpath.join(self.root, folder)) == expected
         if not folders[folder]:
-            return "lies in a folder reached through a symbolic link"
+            return _LINKED_FOLDER
         if not link_ok and relative != "." and os.path.islink(path):
             return "is a symbolic link"
         return None
@@ -583,8 +586,15 @@ class Store:
     def quarantine(self, path: str, reason: str) -> str:
         """Move a bad file to quarantine/ with a reason file beside it; return its new path.
         A file another process moved first is left to it. A symbolic link is moved as
-        itself: what it names is never touched."""
-        self.confine([path], "quarantining", link_ok=True)
+        itself: what it names is never touched. A file in a folder reached through a link
+        (a run folder linked elsewhere) is not the store's to move: it stays where it is,
+        and the reason record says so."""
+        real_root = os.path.realpath(self.root) if self.is_local else ""
+        why = self._outside(path, real_root, {}, True)
+        if why not in (None, _LINKED_FOLDER):
+            self.confine([path], "quarantining", link_ok=True)  # raises: outside the root
+        if why is not None:
+            reason = f"{reason} (left in place: it {why})"
         dest = layout.quarantined(self.root, path)
         folder = layout.quarantine_dir(self.root)
         self.retrying(f"creating {folder}", lambda: self.fs.makedirs(folder, exist_ok=True))
@@ -594,8 +604,9 @@ class Store:
             "quarantined_at": datetime.now(UTC).isoformat(),
         }
         self.commit_bytes(layout.reason(dest), json.dumps(note, indent=2).encode())
-        with contextlib.suppress(FileNotFoundError):
-            self.retrying(f"moving {path} to quarantine/", lambda: self._move(path, dest))
+        if why is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.retrying(f"moving {path} to quarantine/", lambda: self._move(path, dest))
         return dest
 
     def _move(self, path: str, dest: str) -> None:

@@ -7,7 +7,8 @@ foreign schema or of wrong types. After each, the file outside is byte-identical
 rows never appear, and every reader (the SQL views under `gagpo sql`, `gagpo view` and
 `gagpo report`; the archive reader of reports, credit and evaluation; `gagpo advantages
 --store`; the learner's replay feed; `gagpo compact`) refuses with one line or, the SQL
-views, skips the file with one warning line (docs/store.md, "Archive files are confined").
+views, skips the file with one warning line (docs/store.md: "A store's files never reach
+outside it").
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from gagpo.schemas.archive import (
     manifest_path,
     moved_json,
     moved_path,
+    read_ledger,
     read_manifest,
     read_steps_table,
     segment_path,
@@ -249,6 +251,40 @@ def test_store_reads_commits_and_removes_only_its_own_files(tmp_path):
     assert not link.is_symlink() and outside.read_bytes() == b"precious"
     with pytest.raises(GagpoError, match="not a file id"):
         layout.segment(store.root, CLIMB)
+    # a file of the inbox whose name is no id is not a shard: listed by no reader
+    Path(store.path("shards", "run=ra", "a[1] b.parquet")).write_bytes(b"not ours")
+    assert [ref.shard_id for ref in store.list_shards()] == ["ra000"]
+
+
+@pytest.mark.parametrize("reader", ["learner", "compact"])
+def test_links_in_the_inbox_are_never_followed(tmp_path, reader):
+    """A shard that links another store's shard, and a run folder that links another
+    store's run folder: the learner's feed and a compaction never read them (no group of
+    run `l` is trained or archived); the link is quarantined as itself, what it names stays
+    byte-identical where it is."""
+    store = Store(str(tmp_path / "store"))
+    fill(store, 2)
+    other = Store(str(tmp_path / "other"))
+    theirs = fill(other, 2, run_id="l")
+    before = {ref.path: digest(Path(ref.path)) for ref in theirs}
+    Path(store.shard_path("ra", "l000")).symlink_to(theirs[0].path)
+    Path(store.path("shards", "run=l")).symlink_to(Path(theirs[1].path).parent)
+    if reader == "learner":
+        feed = Feed(
+            store, Ledger(), pipeline_advantages(GagpoConfig()), batch_groups=2, max_staleness=None
+        )
+        feed.follow = False
+        runs = []
+        while (batch := feed.next_batch(0)) is not None:
+            runs += [g.run_id for g in batch.groups]
+    else:
+        compact_store(store.url, None, True, CompactionSettings(), echo=lambda *_: 0)
+        runs = read_steps_table(store, [C.RUN_ID])[C.RUN_ID].to_pylist()
+    assert set(runs) == {"ra"}
+    assert {p: digest(Path(p)) for p in before} == before
+    (record,) = store.quarantined()
+    assert record["original_path"] == store.shard_path("ra", "l000")
+    assert not Path(store.shard_path("ra", "l000")).is_symlink()  # moved: the link itself
 
 
 # --- a forged moved list ------------------------------------------------------------------------
@@ -320,24 +356,42 @@ def test_backpressure_counts_archived_groups_no_learner_consumed(tmp_path):
     fill(store, 1, first=3)
     assert throttle.backlog().groups == 8
     # a learner consumes the archived groups of one shard: its tail records them
-    taken = read_steps_table(store, [C.GROUP_ID, C.RUN_ID, C.SHARD_ID, C.POLICY_VERSION])
-    first = taken.filter(pc.equal(taken[C.SHARD_ID], refs[0].shard_id))
+    store.write_parquet(ledger_rows(store, refs[:1]), layout.ledger(store.root), {})
+    assert throttle.backlog().groups == 6
+
+
+def ledger_rows(store: Store, refs: list) -> pa.Table:
+    """Ledger rows (update 1, trained) of every group of `refs`, wherever they are now."""
+    steps = read_steps_table(store, [C.GROUP_ID, C.SHARD_ID])
     rows = [
         {
             C.RUN_ID: "ra",
-            C.SHARD_ID: refs[0].shard_id,
-            C.GROUP_ID: g,
+            C.SHARD_ID: ref.shard_id,
+            C.GROUP_ID: group,
             C.SHARD_GROUPS: 2,
             C.POLICY_VERSION: 0,
             C.LEDGER_UPDATE: 1,
             C.LEDGER_LEARNER_VERSION: 0,
             C.LEDGER_STATUS: "trained",
         }
-        for g in sorted(set(first[C.GROUP_ID].to_pylist()))
+        for ref in refs
+        for group in sorted(
+            set(steps.filter(pc.equal(steps[C.SHARD_ID], ref.shard_id))[C.GROUP_ID].to_pylist())
+        )
     ]
-    ledger = pa.Table.from_pylist(rows, schema=C.LEDGER_SCHEMA)
-    store.write_parquet(ledger, layout.ledger(store.root), {})
-    assert throttle.backlog().groups == 6
+    return pa.Table.from_pylist(rows, schema=C.LEDGER_SCHEMA)
+
+
+def test_a_bad_ledger_part_is_refused_with_one_line(tmp_path):
+    store = Store(str(tmp_path / "store"))
+    refs = fill(store, 2)
+    compact(store, refs, ledger_rows(store, refs))
+    (segment,) = read_manifest(store).segments
+    part = Path(layout.ledger_part(store.root, segment.id))
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.raises(GagpoError) as caught:
+        read_ledger(store)
+    assert f"archive ledger part {part} cannot be used" in one_line(caught.value)
 
 
 # --- the command lines: one line, nothing outside touched --------------------------------------
