@@ -200,9 +200,21 @@ def bench_delay(args, folder: Path) -> dict:
 
 
 def bench_turns(args, folder: Path) -> list[dict]:
-    """Per T: tokens encoded and update time, merged against one row per step."""
+    """Per T: tokens encoded and update time, merged against one row per step. One
+    optimiser per side, made once (AdamW's first step allocates its state: warm-up)."""
     base = load_model(folder, torch.device("cpu")).train()
     d = Dist(0, 1, torch.device("cpu"))
+    sides = {}
+    for merge in (True, False):
+        cfg = LearnerConfig(
+            store="unused",
+            policy=str(folder),
+            micro_batch_tokens=args.micro_batch_tokens,
+            batch_groups=args.turn_groups,
+            lr=1e-6,
+            merge_turns=merge,
+        )
+        sides[merge] = (cfg, *make_optimizer(base, cfg))
     rows = []
     for turns in args.turns:
         table = full_history_batch(
@@ -214,23 +226,15 @@ def bench_turns(args, folder: Path) -> list[dict]:
             observation=(args.turn_min, args.turn_max),
             action=(args.turn_min, args.turn_max),
         )
+        warm_up = turns == args.turns[0]
         times, tokens = {True: [], False: []}, {}
-        for rep in range(args.repeats + (turns == args.turns[0])):  # the first T warms up
-            for merge in (True, False):
-                cfg = LearnerConfig(
-                    store="unused",
-                    policy=str(folder),
-                    micro_batch_tokens=args.micro_batch_tokens,
-                    batch_groups=args.turn_groups,
-                    lr=1e-6,
-                    merge_turns=merge,
-                )
-                optimizer, scheduler = make_optimizer(base, cfg)
+        for rep in range(args.repeats + warm_up):
+            for merge, (cfg, optimizer, scheduler) in sides.items():  # alternating
                 start = time.perf_counter()
                 stats, _ = run_update(
                     base, optimizer, scheduler, table, version=1, cfg=cfg, d=d, pad_id=0
                 )
-                if rep or turns != args.turns[0]:
+                if rep or not warm_up:
                     times[merge].append(time.perf_counter() - start)
                 tokens[merge] = stats["tokens"]
         med = {k: statistics.median(v) for k, v in times.items()}
