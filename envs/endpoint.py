@@ -162,7 +162,7 @@ class Endpoint:
     # -- rollouts (called from environment slots) ----------------------------------------
 
     def open(self, *, model: str, key_fn=None, task: dict | None = None) -> Rollout:
-        token = secrets.token_hex(8)
+        token = secrets.token_hex(16)  # the URL is the only credential of a rollout not offered
         rollout = Rollout(token, model, f"{self.url}/r/{token}/v1", key_fn, task or {})
         with self._lock:
             self._rollouts[token] = rollout
@@ -469,7 +469,7 @@ def read_end(body: Any, turns: int) -> Ended | Failed:
     """An agent+http `end`: `{"error": "why"}` (a non-empty string: the group is lost), or
     the outcome an in-process agent returns, checked as `read_outcome` checks that (every
     reward finite as float32). A RequestError (400, one line) otherwise."""
-    from gagpo.envs.agent import AgentError, read_outcome
+    from gagpo.envs.outcome import AgentError, read_outcome
 
     if not isinstance(body, dict):
         raise RequestError(400, 'the end body is not a JSON object; accepted: {"reward": ...}')

@@ -110,7 +110,7 @@ def test_an_environment_wrapped_as_an_agent_plays_the_native_steps(tmp_path: Pat
 
 
 def test_what_an_agent_returns():
-    from gagpo.envs.agent import AgentError, read_outcome
+    from gagpo.envs.outcome import AgentError, read_outcome
 
     assert read_outcome(1.0, 2) == ([0.0, 1.0], True, False)
     assert read_outcome(0, 1) == ([0.0], False, False)

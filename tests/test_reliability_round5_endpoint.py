@@ -146,7 +146,7 @@ def test_end_checks_its_fields(endpoint, offered, body, says, capfd):
 
 
 def test_an_in_process_agents_reward_past_float32_loses_its_group():
-    from gagpo.envs.agent import AgentError, read_outcome
+    from gagpo.envs.outcome import AgentError, read_outcome
 
     assert read_outcome(3.4e38, 1) == ([3.4e38], True, False)
     for result in (1e39, {"reward": 2e38, "turn_rewards": [2e38]}):  # their sum overflows
