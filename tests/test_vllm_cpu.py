@@ -111,9 +111,7 @@ def policy(model_dir: Path):
         model_dir, sampling=sampling, settings=settings, kv_cache_memory_bytes=64 << 20
     )
     yield policy
-    core = getattr(policy.engine.llm_engine, "engine_core", None)
-    if hasattr(core, "shutdown"):
-        core.shutdown()
+    policy.close()
 
 
 def hf_model(folder: Path, adapter: Path | None = None):
@@ -397,3 +395,46 @@ def test_a_version_loaded_between_turns_is_recorded_step_by_step(base, model_dir
             )
             assert float(gap) < TOLERANCE
     base.load_version(model_dir, 0)
+
+
+QUIET_EXIT = """
+import sys
+from pathlib import Path
+
+from gagpo.actors.policies.vllm_backend import VLLMPolicy
+from gagpo.schemas.config import SamplingConfig, VllmSettings
+
+if __name__ == "__main__":  # EngineCore is spawned: it imports this module again
+    settings = VllmSettings(dtype="float32", enforce_eager=True, max_model_len=512)
+    policy = VLLMPolicy(
+        Path(sys.argv[1]), sampling=SamplingConfig(max_new_tokens=4), settings=settings,
+        kv_cache_memory_bytes=64 << 20,
+    )
+    ids = policy.encode_chat([{"role": "user", "content": "go up"}])
+    policy.submit("left-in-flight", ids, seed=1)  # a group lost: aborted, as the actor does
+    policy.poll()
+    policy.abort(["left-in-flight"])
+    print(len(policy.generate([ids] * 2, seed=0)), "replies; the summary", flush=True)
+"""
+
+
+def test_a_clean_exit_is_quiet(model_dir, tmp_path):
+    """A process that used the engine and returns: nothing after its last line of its own.
+    Without `close` at exit, vLLM's finalizers gave the engine 5 s and then killed it,
+    with "[shutdown] Process manager: force killing remaining process EngineCore"."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "quiet_exit.py"
+    script.write_text(QUIET_EXIT)
+    result = subprocess.run(
+        [sys.executable, str(script), str(model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"VLLM_NO_USAGE_STATS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "2 replies; the summary"
+    for noise in ("force killing", "still running", "Traceback", "leaked"):
+        assert noise not in result.stderr, result.stderr[-3000:]
