@@ -250,3 +250,26 @@ def test_fsdp_merged_equals_per_step(tmp_path):
     assert max(np.abs(a[k] - base[k]).max() for k in a) > 1e-2  # the weights moved
     for name in a:
         np.testing.assert_allclose(a[name], b[name], atol=TOL, rtol=0, err_msg=name)
+
+
+def test_merged_scores_equal_per_step_scores_under_bf16_autocast():
+    """bf16 autocast (precision = "bf16"): the hook gathers bf16 hidden states, and each
+    action's log-probs agree with its per-step row's up to bf16 rounding."""
+    from gagpo.learner.model import action_logprobs
+    from gagpo.learner.precision import autocast_dtype
+
+    table = full_history_batch(groups=1, group_size=2, turns=20, seed=7)
+    model = load_model(tiny_model_dir(), torch.device("cpu")).eval()
+    kw = dict(version=0, pad_id=0, max_positions=128, budget=8192, token_mean=False)
+    scores = {}
+    for merge in (True, False):
+        for precision in ("bf16", "fp32"):
+            (mb,) = plan(table, merge=merge, **kw)
+            with torch.no_grad():
+                logp, _ = action_logprobs(model, mb, 1.0, False, autocast_dtype(precision))
+            order = torch.argsort(mb.advantages)
+            scores[merge, precision] = logp[order][mb.action_mask[order]]
+    assert scores[True, "bf16"].dtype == torch.float32
+    assert not torch.equal(scores[True, "bf16"], scores[True, "fp32"])  # autocast ran
+    assert (scores[True, "bf16"] - scores[False, "bf16"]).abs().max() < 0.05
+    assert (scores[True, "fp32"] - scores[False, "fp32"]).abs().max() < TOL
