@@ -157,3 +157,18 @@ def test_a_store_with_a_state_for_every_version_resumes_as_before(straight, tmp_
     a, b = parameters(store.policies.dir(UPDATES)), parameters(straight.policies.dir(UPDATES))
     for name in a:
         np.testing.assert_allclose(a[name], b[name], atol=1e-6, rtol=0, err_msg=name)
+
+
+@pytest.mark.slow
+def test_kill_during_an_asynchronous_state_write_then_resume(tmp_path):
+    """Held inside the writer thread's state of v3 (files written, no marker) while the
+    learner goes on (LATEST 2 or 3, the next hand-off waits for it): the torn state never
+    counts, --resume continues one lineage from LATEST with v2's optimiser state."""
+    store = new_store(tmp_path / "store")
+    kill_at(tmp_path / "store", "checkpoint:3", tmp_path, "--state-every", "1")
+    latest = store.policies.latest()
+    assert latest in (2, 3)
+    torn = checkpoint_dir(store, 3)
+    assert store.fs.exists(torn) and not store.fs.exists(f"{torn}/{COMPLETE}")
+    resume(tmp_path / "store")
+    assert_one_lineage(store)
