@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gagpo.envs.openai_chat import Call, RequestError, read_request
+from gagpo.envs.outcome import AgentError, read_outcome
 from gagpo.schemas.errors import GagpoError
 
 # A chat call carries the whole conversation (and its tools): 16 MiB is millions of tokens
@@ -469,8 +470,6 @@ def read_end(body: Any, turns: int) -> Ended | Failed:
     """An agent+http `end`: `{"error": "why"}` (a non-empty string: the group is lost), or
     the outcome an in-process agent returns, checked as `read_outcome` checks that (every
     reward finite as float32). A RequestError (400, one line) otherwise."""
-    from gagpo.envs.outcome import AgentError, read_outcome
-
     if not isinstance(body, dict):
         raise RequestError(400, 'the end body is not a JSON object; accepted: {"reward": ...}')
     error = body.get("error")
