@@ -1,8 +1,9 @@
 """The actor loop: load the newest policy, play a group, commit whole groups as shards.
 
-The store is the only channel to the learner: before each group the actor reads
-`policy/LATEST` and loads that version when it is newer than the one it holds
-(version 0 is the configured base model). While following a learner it also reads the
+The store is the only channel to the learner: as groups end the actor reads
+`policy/LATEST`, downloads a newer version in the background while it keeps generating
+(actors/prefetch.py), and loads it once its files are local (version 0 is the configured
+base model); each load's fetch seconds and engine pause go to the summary (`loads`). While following a learner it also reads the
 learner's backlog and waits instead of generating groups that would go stale (throttle.py).
 """
 
@@ -14,12 +15,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import pyarrow as pa
 
 from gagpo.actors.demos import DEMO_METADATA, Expert
 from gagpo.actors.policies.presets import load_policy, load_version
+from gagpo.actors.prefetch import Fetched, Prefetcher
 from gagpo.actors.rollout import GroupLost, GroupResult, GroupTask, Rollouts
 from gagpo.actors.slots import Slots
 from gagpo.actors.throttle import Throttle
@@ -30,6 +31,22 @@ from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.seeds import derive_seed
 from gagpo.schemas.store import ShardRef, Store, new_id
+
+
+@dataclass(frozen=True)
+class VersionLoad:
+    """What loading one policy version cost the actor (issue 40): the download's seconds,
+    overlapped with generation, and the engine's pause, the drain and the load, during
+    which no new reply starts."""
+
+    version: int
+    fetch_s: float
+    drain_s: float
+    load_s: float
+
+    @property
+    def pause_s(self) -> float:
+        return self.drain_s + self.load_s
 
 
 @dataclass
@@ -54,6 +71,7 @@ class ActorSummary:
     # Steps after a rollout's first whose prompt does not extend the previous step's prompt
     # and action (an agent that edited its history, a window that dropped a turn).
     prompt_breaks: int = 0
+    loads: list[VersionLoad] = field(default_factory=list)  # per version loaded, in order
 
     @property
     def success_rate(self) -> float:
@@ -153,6 +171,7 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
     throttle = Throttle(store) if config.follow and config.throttle and not config.expert else None
     noise_rng = random.Random(sampling_seed(config.seed, run_id, -1))
     admission = _Admission(throttle)
+    prefetch = Prefetcher(store, str(policy_cache_dir()), warn)
     start, k, lost_in_a_row = time.perf_counter(), 0, 0
     try:
         while True:
@@ -186,7 +205,7 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
                 summary.seconds_throttled = throttle.seconds_waited  # type: ignore[union-attr]
                 admission.refresh()
                 if not config.expert:
-                    runner.policy = _newest_policy(store, runner.policy, config)
+                    _switch_to_newest(store, runner, prefetch, config, summary)
                 continue
             outcomes = runner.advance()
             for outcome in outcomes:
@@ -218,7 +237,7 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
             if outcomes and progress is not None:
                 progress(summary)
             if outcomes and not config.expert:  # demonstrations need the base tokenizer only
-                _switch_to_newest(store, runner, config)
+                _switch_to_newest(store, runner, prefetch, config, summary)
         if pending:
             summary.shards.append(_commit(store, pending, config, summary))
     finally:
@@ -259,38 +278,42 @@ class _Admission:
         self._recheck_at = 0.0
 
 
-def _switch_to_newest(store: Store, runner: Rollouts, config: ActorConfig) -> None:
-    """Load the version LATEST names when it is newer, between turns: replies already in the
-    engine are finished by the version that started them (their groups go on meanwhile)."""
-    latest = store.policies.latest()
-    if latest is None or latest == runner.policy.version:
+def _switch_to_newest(
+    store: Store, runner: Rollouts, prefetch: Prefetcher, config: ActorConfig, summary
+) -> None:
+    """Load the newest version whose files are local, between turns: replies already in
+    the engine are finished by the version that started them (their groups go on
+    meanwhile). The download ran in the background (actors/prefetch.py), so the engine's
+    pause, recorded per version, is the drain and the load alone."""
+    fetched = prefetch.ready(runner.policy.version)
+    if fetched is None:
         return
+    t0 = time.perf_counter()
     runner.drain()
-    runner.policy = _newest_policy(store, runner.policy, config)
+    t1 = time.perf_counter()
+    fresh = _load(store, runner.policy, fetched, config)
+    if fresh is None:
+        return  # pruned before it was loaded: the next poll reads LATEST again
+    runner.policy = fresh
+    summary.loads.append(
+        VersionLoad(fetched.version, fetched.seconds, t1 - t0, time.perf_counter() - t1)
+    )
 
 
-def _newest_policy(store: Store, policy, config: ActorConfig):
-    """The policy named by LATEST, loaded when newer than `policy`; the one held otherwise.
-
-    A slow actor can find the version it read from LATEST already pruned by the learner
-    (it keeps K versions): it then reads LATEST again rather than failing.
-    """
-    for _ in range(3):
-        latest = store.policies.latest()
-        if latest is None or latest == policy.version:
-            return policy
-        try:
-            local = store.policies.fetch(latest, str(policy_cache_dir()))
-            # vLLM: the running engine loads the new weights (or adapter) in place
-            fresh = load_version(
-                policy, Path(local), latest, sampling=config.sampling, device=config.device
-            )
-            fresh.stop_at_newline = getattr(policy, "stop_at_newline", True)
-            return fresh
-        except (FileNotFoundError, GagpoError):
-            if store.policies.has(latest):
-                raise  # the version is there: a real problem, not a race with pruning
-    return policy
+def _load(store: Store, policy, fetched: Fetched, config: ActorConfig):
+    """`policy` serving the fetched version; None when that version was pruned meanwhile
+    (a local store's folder is the store's own, which the learner prunes)."""
+    try:
+        # vLLM: the running engine loads the new weights (or adapter) in place
+        fresh = load_version(
+            policy, fetched.folder, fetched.version, sampling=config.sampling, device=config.device
+        )
+    except (FileNotFoundError, GagpoError):
+        if store.policies.has(fetched.version):
+            raise  # the version is there: a real problem, not a race with pruning
+        return None
+    fresh.stop_at_newline = getattr(policy, "stop_at_newline", True)
+    return fresh
 
 
 def _commit(

@@ -43,6 +43,10 @@ def _progress_printer(total: int | None):
         lost = getattr(summary, "groups_lost", 0)
         if lost:
             stats += f"  lost {lost}"
+        loads = getattr(summary, "loads", [])
+        if loads:  # the newest version's cost: fetched while generating, then the pause
+            last = loads[-1]
+            stats += f"  v{last.version} fetch {last.fetch_s:.1f}s pause {last.pause_s:.1f}s"
         # The actor's own clock: it starts once the policy is loaded, not at the command.
         clock = f"{_duration(summary.seconds_total)} elapsed"
         if total and summary.groups:
@@ -89,9 +93,18 @@ def _print_summary(summary, store_url: str) -> None:
         f"{summary.seconds_env / total:.0%}, writing shards {summary.seconds_write / total:.1%}, "
         f"throttled (waiting for the learner's backlog) {summary.seconds_throttled:.1f}s"
     )
+    if summary.loads:
+        click.echo(_loads_line(summary.loads))
     click.echo(
         f"{len(summary.shards)} shard(s) written under {layout.run_dir(store_url.rstrip('/'), summary.run_id)}/"
     )
+
+
+def _loads_line(loads) -> str:
+    """Per version loaded: its download (overlapped with generation) and the engine's pause
+    (drain and load, no reply started), e.g. `v3 fetch 1.2s pause 0.4s`."""
+    each = ", ".join(f"v{x.version} fetch {x.fetch_s:.1f}s pause {x.pause_s:.2f}s" for x in loads)
+    return f"versions loaded (fetched while generating; engine paused to drain and load): {each}"
 
 
 # Flags users know under other names than the fields' (the fields' own names work too).

@@ -138,9 +138,16 @@ class PolicyRegistry:
             return remote
         local = os.path.join(cache_dir, _safe_name(self.store.url), f"v{version}")
         if not os.path.exists(layout.complete(local)):
+            # Downloaded beside the cache folder and renamed into place whole: a reader
+            # (another actor, or this one after a kill) never sees a partial version.
             staging = f"{local}.{uuid.uuid4().hex}.partial"
-            self.store.download(remote, staging)
-            open(layout.complete(staging), "w").close()
+            try:
+                self.store.download(remote, staging)
+                if not os.path.exists(layout.complete(staging)):  # pruned meanwhile
+                    raise FileNotFoundError(f"{remote} is not a complete policy version")
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
             os.makedirs(os.path.dirname(local), exist_ok=True)
             with contextlib.suppress(OSError):  # another process finished first
                 os.replace(staging, local)

@@ -290,11 +290,12 @@ def test_actor_keeps_its_policy_when_latest_was_pruned(store_dir: Path):
     """LATEST names a version whose folder is gone (pruned before a slow actor read it)."""
     from types import SimpleNamespace
 
-    from gagpo.actors.actor import _newest_policy
-    from gagpo.schemas.config import ActorConfig
+    from gagpo.actors.prefetch import Prefetcher
 
     store = Store(str(store_dir))
     store.policies.set_latest(5)
     held = SimpleNamespace(version=0)
-    config = ActorConfig(store=str(store_dir), env="sokoban")
-    assert _newest_policy(store, held, config) is held
+    warnings: list[str] = []
+    prefetch = Prefetcher(store, str(store_dir / "cache"), warnings.append)
+    assert prefetch.ready(held.version) is None and prefetch.fetching is None
+    assert warnings == []  # a pruned version is no failure: LATEST is read again

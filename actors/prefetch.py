@@ -1,0 +1,94 @@
+"""Fetch the next policy version in the background while the engine generates (issue 40).
+
+When `policy/LATEST` moves, a thread downloads the new version into the local cache
+(`store.policies.fetch`, whose reads take the store's bounded retry path and whose cache
+folder appears whole, by one rename, once every file is local). The actor goes on
+generating with the version it holds and drains and reloads only once `ready` hands it the
+local folder: the engine's pause is the drain and the load, never the download.
+
+A local store's version folder is used where it is (there is nothing to download), so
+it is handed out at the poll that finds it. One download at a time. If LATEST moves again during a download, the newer version is
+fetched next, once this one is done; the version handed out is always the newest one that
+is local. A failed download is said in one line and started again at the next poll.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A policy version whose files are local: its folder, and the download's seconds."""
+
+    version: int
+    folder: Path
+    seconds: float
+
+
+class Prefetcher:
+    """The background download of the newest version LATEST names; polled by the actor."""
+
+    def __init__(self, store, cache_dir: str, warn) -> None:
+        self._store, self._cache_dir, self._warn = store, cache_dir, warn
+        self._thread: threading.Thread | None = None
+        self._version: int | None = None  # being fetched by `_thread`
+        self._outcome: Fetched | BaseException | None = None
+
+    def ready(self, held: int) -> Fetched | None:
+        """A local version newer than `held` to load now, or None. Starts a download when
+        LATEST names a version newer than `held` and than the one just fetched, and none
+        is running."""
+        fetched = self._harvest()
+        if fetched is not None and fetched.version <= held:
+            fetched = None
+        if self._thread is None:
+            newest = fetched.version if fetched is not None else held
+            latest = self._store.policies.latest()
+            if latest is not None and latest > newest:
+                self._start(latest)
+                if self._store.is_local:  # the store's own folder: nothing to download
+                    self._thread.join()
+                    fetched = self._harvest() or fetched
+        return fetched
+
+    @property
+    def fetching(self) -> int | None:
+        """The version being downloaded now, if any."""
+        return self._version if self._thread is not None else None
+
+    def _start(self, version: int) -> None:
+        self._version, self._outcome = version, None
+        # A daemon: a download still running when the actor exits must not hold the
+        # process; its staging folder is never named as the version (registry.fetch).
+        self._thread = threading.Thread(
+            target=self._fetch, args=(version,), name=f"fetch-v{version}", daemon=True
+        )
+        self._thread.start()
+
+    def _fetch(self, version: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            if not self._store.policies.has(version):  # pruned (a local fetch would not say)
+                raise FileNotFoundError(self._store.policies.dir(version))
+            folder = self._store.policies.fetch(version, self._cache_dir)
+            self._outcome = Fetched(version, Path(folder), time.perf_counter() - t0)
+        except BaseException as exc:  # handed to the actor's thread by `_harvest`
+            self._outcome = exc
+
+    def _harvest(self) -> Fetched | None:
+        """The finished download's result (None while one runs, or when it failed)."""
+        if self._thread is None or self._thread.is_alive():
+            return None
+        self._thread.join()
+        outcome, version = self._outcome, self._version
+        self._thread, self._version, self._outcome = None, None, None
+        if isinstance(outcome, Fetched):
+            return outcome
+        if isinstance(outcome, FileNotFoundError) and not self._store.policies.has(version):
+            return None  # pruned by the learner before we read it: LATEST is read again
+        self._warn(f"fetching policy v{version} failed ({outcome}); retrying at the next poll")
+        return None

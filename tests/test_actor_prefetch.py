@@ -1,0 +1,189 @@
+"""Issue 40, the actor side: a new policy version is downloaded while the engine generates,
+the engine pauses only to drain and load it, and each load's fetch seconds and pause are
+recorded (actors/prefetch.py, actors/actor.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gagpo.actors.prefetch import Prefetcher
+from gagpo.schemas.cache import policy_cache_dir
+from gagpo.schemas.registry import PolicyRegistry, _safe_name
+from gagpo.schemas.store import Store
+from tests.helpers.actors import actor_config
+from tests.helpers.versions import perturbed_copy
+
+SOKOBAN = {"sizes": [5, 5], "max_boxes": 1}
+FETCH_FLOOR_S = 2.0  # the slowed download of v1 lasts at least this long
+
+
+def _publish(store: Store, base: Path, version: int, tmp: Path) -> None:
+    """Publish a perturbed copy of `base` as `version` and move LATEST to it."""
+    from gagpo.learner.publish import put_folder
+
+    local = tmp / f"v{version}"
+    perturbed_copy(base, local)
+    (local / ".complete").unlink()  # put_folder commits the marker last
+    put_folder(store, local, store.policies.dir(version), phase="publish")
+    store.policies.set_latest(version)
+
+
+def test_versions_are_fetched_while_generating(s3_endpoint, tmp_path: Path, monkeypatch):
+    """v1 is published while the actor runs, on an object store; its download is held open
+    until the actor has finished two more groups (impossible if the engine waited for it),
+    and v2 appears during that download. Both are loaded, in order, each with its fetch
+    seconds and an engine pause that excludes the download."""
+    from gagpo.actors.actor import run_actor
+    from gagpo.actors.policies.presets import tiny_dir
+
+    url = f"s3://gagpo/{tmp_path.name}"
+    store = Store(url, skip_instance_cache=True)
+    base = tiny_dir()
+    done_groups = [0]
+    during_fetch = threading.Event()
+    window: dict[str, float] = {}
+    original = PolicyRegistry.fetch
+
+    def slow_fetch(self, version, cache_dir):
+        if version == 1:
+            window["start"], window["groups"] = time.perf_counter(), done_groups[0]
+            window["progressed"] = during_fetch.wait(timeout=120)
+            time.sleep(max(0.0, FETCH_FLOOR_S - (time.perf_counter() - window["start"])))
+            _publish(store, base, 2, tmp_path)  # LATEST moves during the download
+            window["end"] = time.perf_counter()
+        return original(self, version, cache_dir)
+
+    def progress(summary) -> None:
+        done_groups[0] = summary.groups
+        if summary.groups == 1 and "published" not in window:
+            window["published"] = True
+            _publish(store, base, 1, tmp_path)
+        if "groups" in window and summary.groups >= window["groups"] + 2:
+            during_fetch.set()
+
+    monkeypatch.setattr(PolicyRegistry, "fetch", slow_fetch)
+    warnings: list[str] = []
+    config = actor_config(url, "sokoban", groups=10, group_size=2, max_turns=2, env_options=SOKOBAN)
+    summary = run_actor(config, progress=progress, warn=warnings.append)
+
+    assert warnings == []
+    assert window["progressed"], "no group finished while v1 was being downloaded"
+    assert [load.version for load in summary.loads] == [1, 2]
+    assert {0, 1, 2} <= summary.versions
+    first = summary.loads[0]
+    assert first.fetch_s >= window["end"] - window["start"] >= FETCH_FLOOR_S
+    for load in summary.loads:
+        assert load.fetch_s > 0 and load.load_s > 0 and load.drain_s >= 0
+        assert load.pause_s == pytest.approx(load.drain_s + load.load_s)
+    # The pause is the drain and the load: the held-open download is not in it.
+    assert first.pause_s < FETCH_FLOOR_S
+    cache = policy_cache_dir() / _safe_name(url)
+    assert sorted(p.name for p in cache.iterdir()) == ["v1", "v2"]  # no staging folder left
+
+
+class _FakeRegistry:
+    """LATEST and a download per version that a test controls."""
+
+    def __init__(self) -> None:
+        self.latest_version: int | None = None
+        self.gates: dict[int, threading.Event] = {}
+        self.failures: dict[int, int] = {}
+        self.fetched: list[int] = []
+
+    def latest(self):
+        return self.latest_version
+
+    def has(self, version: int) -> bool:
+        return self.latest_version is not None and version <= self.latest_version
+
+    def dir(self, version: int) -> str:
+        return f"policy/v{version}"
+
+    def gate(self, version: int) -> threading.Event:
+        """Set to let version `version`'s download finish."""
+        return self.gates.setdefault(version, threading.Event())
+
+    def fetch(self, version: int, cache_dir: str) -> str:
+        self.gate(version).wait(timeout=30)
+        if self.failures.get(version, 0):
+            self.failures[version] -= 1
+            raise OSError("connection reset")
+        self.fetched.append(version)
+        return f"{cache_dir}/v{version}"
+
+
+def _prefetcher() -> tuple[Prefetcher, _FakeRegistry, list[str]]:
+    registry, warnings = _FakeRegistry(), []
+    store = SimpleNamespace(policies=registry, is_local=False)
+    return Prefetcher(store, "cache", warnings.append), registry, warnings
+
+
+def _settle(prefetch: Prefetcher) -> None:
+    thread = prefetch._thread
+    if thread is not None:
+        thread.join(timeout=30)
+
+
+def test_a_newer_version_during_a_download_is_fetched_next():
+    prefetch, registry, _ = _prefetcher()
+    registry.latest_version = 1
+    assert prefetch.ready(0) is None and prefetch.fetching == 1
+    registry.latest_version = 2  # LATEST moves while v1 downloads
+    assert prefetch.ready(0) is None and prefetch.fetching == 1  # one download at a time
+    registry.gate(1).set()
+    _settle(prefetch)
+    fetched = prefetch.ready(0)
+    assert fetched is not None and fetched.version == 1  # the newest local version
+    assert prefetch.fetching == 2  # and the newer one is on its way
+    registry.gate(2).set()
+    _settle(prefetch)
+    assert prefetch.ready(1).version == 2
+    assert prefetch.ready(2) is None and prefetch.fetching is None
+    assert registry.fetched == [1, 2]
+
+
+def test_a_finished_download_older_than_the_held_version_is_dropped():
+    prefetch, registry, _ = _prefetcher()
+    registry.latest_version = 1
+    registry.gate(1).set()
+    prefetch.ready(0)
+    _settle(prefetch)
+    assert prefetch.ready(1) is None  # the actor holds v1 already: nothing to load
+
+
+def test_a_failed_download_is_one_line_and_retried():
+    prefetch, registry, warnings = _prefetcher()
+    registry.latest_version, registry.failures[3] = 3, 1
+    registry.gate(3).set()
+    prefetch.ready(0)
+    _settle(prefetch)
+    assert prefetch.ready(0) is None  # the failure is harvested; a retry starts
+    assert warnings == ["fetching policy v3 failed (connection reset); retrying at the next poll"]
+    assert prefetch.fetching == 3
+    _settle(prefetch)
+    assert prefetch.ready(0).version == 3 and registry.fetched == [3]
+
+
+def test_a_failed_download_leaves_nothing_in_the_cache(s3_endpoint, tmp_path: Path, monkeypatch):
+    """A download that breaks midway leaves no version folder and no staging folder."""
+    store = Store(f"s3://gagpo/{tmp_path.name}-partial")
+    store.commit_bytes(f"{store.policies.dir(1)}/model.safetensors", b"x" * 100)
+    store.commit_bytes(f"{store.policies.dir(1)}/.complete", b"{}")
+
+    def broken(remote, local):
+        Path(local).mkdir(parents=True)
+        (Path(local) / "model.safetensors").write_bytes(b"x")
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(store, "download", broken)
+    cache = tmp_path / "cache"
+    with pytest.raises(OSError):
+        store.policies.fetch(1, str(cache))
+    assert [p for p in cache.rglob("*") if p.is_file() or "v1" in p.name] == []
+    monkeypatch.undo()
+    assert Path(store.policies.fetch(1, str(cache)), "model.safetensors").stat().st_size == 100
