@@ -364,7 +364,7 @@ def replay_order(cfg: LearnerConfig) -> list[str] | None:
 
 
 def metrics_row(
-    update, version, batch: Batch, stats: dict, feed: Feed, t_wait, t0, t1, costs: dict
+    update, version, batch: Batch, stats: dict, feed: Feed, t_wait, t0, t1, costs=None
 ) -> dict:
     """The metrics of `update`, which published `version`: its batch was formed at the
     version before, and its staleness is measured there (schemas.policy.staleness);
@@ -372,7 +372,7 @@ def metrics_row(
     staleness = group_staleness(batch, version - 1)
     return (
         stats
-        | costs
+        | (costs or {})
         | {
             "update": update,
             "version": version,
