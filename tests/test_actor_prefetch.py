@@ -86,6 +86,20 @@ def test_versions_are_fetched_while_generating(s3_endpoint, tmp_path: Path, monk
     assert sorted(p.name for p in cache.iterdir()) == ["v1", "v2"]  # no staging folder left
 
 
+def test_the_loads_are_on_the_progress_and_closing_lines(capsys):
+    from gagpo.actors.actor import ActorSummary, VersionLoad
+    from gagpo.actors.cli import _print_summary, _progress_printer
+
+    summary = ActorSummary(run_id="r", groups=3, versions={0, 4})
+    summary.loads += [VersionLoad(2, 7.5, 0.0, 1.25), VersionLoad(4, 3.0, 0.5, 1.0)]
+    _, update = _progress_printer(None)
+    update(summary)  # not a terminal: one plain line per update
+    assert "v4 fetch 3.0s pause 1.5s" in capsys.readouterr().err
+    _print_summary(summary, "store")
+    out = capsys.readouterr().out
+    assert "v2 fetch 7.5s pause 1.25s, v4 fetch 3.0s pause 1.50s" in out
+
+
 class _FakeRegistry:
     """LATEST and a download per version that a test controls."""
 
