@@ -77,10 +77,12 @@ def test_bf16_autocast_loss_is_close_to_fp32_on_the_same_batch():
     assert autocast_dtype("bf16", sharded=True) is None  # FSDP casts through its policy
 
 
-def test_bf16_learner_trains_and_publishes_float32_weights(tmp_path: Path):
+def test_bf16_learner_trains_and_publishes_float32_weights_when_asked(tmp_path: Path):
+    """bf16 training publishes bf16 by default (tests/test_publish_state.py); fp32 stays a
+    setting, and then every published tensor is the float32 master."""
     store = Store(str(tmp_path / "store"))
     write_shards(store, 2)
-    cfg = tiny_config(store, precision="bf16", device="cpu")
+    cfg = tiny_config(store, precision="bf16", device="cpu", publish_dtype="fp32")
     assert train(cfg).updates == 2
     metrics = read_metrics(store)
     assert np.isfinite(metrics["loss"].to_numpy()).all() and (metrics["skipped_steps"] == 0).all()

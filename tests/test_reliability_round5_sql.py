@@ -23,7 +23,7 @@ from gagpo.schemas.cli import run_cli
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
 from gagpo.workflows import cli
-from tests.test_sql_archive import compacted_store
+from tests.helpers.sql import compacted_store
 
 GAGPO = [sys.executable, "-m", "gagpo.workflows.cli"]
 ORIGIN = "http://127.0.0.1:8765"  # the test client's own origin

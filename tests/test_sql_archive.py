@@ -18,18 +18,7 @@ from gagpo.schemas.archive import read_manifest, segment_path, step_files
 from gagpo.schemas.compaction import compact
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.store import Store
-from tests.helpers.steps import make_steps
-
-
-def compacted_store(root: Path, shards: int = 8, archived: int = 5) -> Store:
-    """`shards` shards of 1–2 groups (G = 3); the first `archived` compacted."""
-    store = Store(str(root))
-    refs = []
-    for i in range(shards):
-        steps = make_steps(run_id=f"r{i % 2}", shard_id=f"s{i:03d}", groups=1 + i % 2, group_size=3)
-        refs.append(store.write_shard(steps, group_size=3))
-    compact(store, refs[:archived], None)
-    return store
+from tests.helpers.sql import compacted_store
 
 
 def every_view(store: Store) -> dict[str, tuple[list, list]]:

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.store import COMPLETE, Store
+from tests.helpers.steps import make_steps
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -174,3 +175,16 @@ def write_histograms(store: Store) -> None:
     weights = group.create_array("behavior_weight", shape=(2, 2), dtype="int64")
     weights[...] = np.array([[5, 1], [3, 3]])
     weights.attrs["edges"] = [0.0, 2.0, 4.0]  # bins + 1 edges
+
+
+def compacted_store(root, shards: int = 8, archived: int = 5) -> Store:
+    """`shards` shards of 1–2 groups (G = 3); the first `archived` compacted."""
+    from gagpo.schemas.compaction import compact
+
+    store = Store(str(root))
+    refs = []
+    for i in range(shards):
+        steps = make_steps(run_id=f"r{i % 2}", shard_id=f"s{i:03d}", groups=1 + i % 2, group_size=3)
+        refs.append(store.write_shard(steps, group_size=3))
+    compact(store, refs[:archived], None)
+    return store
