@@ -17,19 +17,15 @@ task every turn, as the built-in ones do; `grow` words more each turn), for a na
 with a history window that holds the whole episode. Each `openai.BadRequestError` an
 agent met is appended to `CONTEXT_ERRORS` (in-process agents share the test's process).
 
-`full_history_steps` builds, without a model, the steps of such rollouts (each prompt the
-previous prompt + its reply + the new user turn), quickly, for the learner's benchmark.
+The steps of such rollouts without a model (each prompt the previous prompt + its reply +
+the new user turn), for the learner's tests and benchmark: tests/helpers/history.py.
 """
 
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
-
-import pyarrow as pa
 
 from gagpo.envs.base import Reset, Transition
-from gagpo.schemas import columns as C
 
 SYSTEM = "you are in a corridor . reply with one direction : left or right ."
 LENGTH = 9  # cells; the agent starts in the middle
@@ -122,62 +118,3 @@ class CorridorEnv:
     @classmethod
     def vocabulary(cls) -> list[str]:
         return []
-
-
-def full_history_steps(
-    *,
-    turns: int,
-    groups: int = 2,
-    group_size: int = 4,
-    vocab_size: int = 100,
-    system_tokens: int = 32,
-    user_tokens: int = 12,
-    action_tokens: int = 6,
-    seed: int = 0,
-    run_id: str = "long",
-    shard_id: str = "long-shard",
-) -> pa.Table:
-    """A steps table of full-history rollouts, built without a model: step t's prompt is
-    step t−1's prompt + action + `user_tokens` new ids, so every step after the first
-    extends the one before (what the actor records for an agent that keeps its history).
-    Token ids are drawn from [1, vocab_size); rewards are 1 on the last step of rollouts
-    of even index. Valid under the steps schema (tests/helpers/steps.py's `make_steps`
-    shape, with long prompts)."""
-    rng = random.Random(seed)
-    ids = lambda n: [rng.randrange(1, vocab_size) for _ in range(n)]  # noqa: E731
-    rows: dict[str, list] = {name: [] for name in C.STEPS_COLUMNS}
-    now = datetime.now(UTC)
-    for g in range(groups):
-        first = ids(system_tokens + user_tokens)  # a group's rollouts start alike
-        for j in range(group_size):
-            prompt = list(first)
-            for t in range(turns):
-                last = t == turns - 1
-                action = ids(action_tokens)
-                values = {
-                    C.RUN_ID: run_id,
-                    C.SHARD_ID: shard_id,
-                    C.GROUP_ID: f"{shard_id}-g{g}",
-                    C.TRAJ_ID: f"{shard_id}-g{g}-r{j}",
-                    C.STEP: t,
-                    C.ENV: "long-horizon",
-                    C.TASK_ID: f"long-horizon-{g}",
-                    C.STATE_KEY: f"g{g}-t{t}",
-                    C.NEXT_STATE_KEY: None if last else f"g{g}-t{t + 1}",
-                    C.OBSERVATION: f"turn {t}",
-                    C.PROMPT_IDS: list(prompt),
-                    C.ACTION_TEXT: " ".join(map(str, action)),
-                    C.ACTION_IDS: action,
-                    C.BEHAVIOR_LOGPROBS: [-rng.uniform(0.1, 5.0) for _ in action],
-                    C.POLICY_VERSION: 0,
-                    C.REWARD: float(last and j % 2 == 0),
-                    C.DONE: last,
-                    C.TRUNCATED: False,
-                    C.ACTION_VALID: True,
-                    C.WON: last and j % 2 == 0,
-                    C.CREATED_AT: now,
-                }
-                for name, value in values.items():
-                    rows[name].append(value)
-                prompt += action + ids(user_tokens)
-    return pa.Table.from_pydict(rows, schema=C.STEPS_SCHEMA)
