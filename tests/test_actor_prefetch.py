@@ -49,6 +49,8 @@ def test_versions_are_fetched_while_generating(s3_endpoint, tmp_path: Path, monk
     window: dict[str, float] = {}
     original = PolicyRegistry.fetch
 
+    fetched = {1: threading.Event(), 2: threading.Event()}
+
     def slow_fetch(self, version, cache_dir):
         if version == 1:
             window["start"], window["groups"] = time.perf_counter(), done_groups[0]
@@ -56,7 +58,11 @@ def test_versions_are_fetched_while_generating(s3_endpoint, tmp_path: Path, monk
             time.sleep(max(0.0, FETCH_FLOOR_S - (time.perf_counter() - window["start"])))
             _publish(store, base, 2, tmp_path)  # LATEST moves during the download
             window["end"] = time.perf_counter()
-        return original(self, version, cache_dir)
+        window[f"fetching {version}"] = True
+        try:
+            return original(self, version, cache_dir)
+        finally:
+            fetched[version].set()
 
     def progress(summary) -> None:
         done_groups[0] = summary.groups
@@ -64,7 +70,13 @@ def test_versions_are_fetched_while_generating(s3_endpoint, tmp_path: Path, monk
             window["published"] = True
             _publish(store, base, 1, tmp_path)
         if "groups" in window and summary.groups >= window["groups"] + 2:
-            during_fetch.set()
+            during_fetch.set()  # two groups ended during the download: generation went on
+            # Then, so that groups remain to poll at whatever speed this machine plays
+            # them, the actor waits for each download it started (never before: the
+            # point is that it did not wait for v1 while it generated).
+            fetched[1].wait(timeout=60)
+            if "fetching 2" in window:
+                fetched[2].wait(timeout=60)
 
     monkeypatch.setattr(PolicyRegistry, "fetch", slow_fetch)
     warnings: list[str] = []
