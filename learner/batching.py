@@ -88,9 +88,14 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.nda
     return owner, within, np.repeat(starts, lengths) + within
 
 
+def step_lengths(table: pa.Table) -> np.ndarray:
+    """[steps] tokens of each step's `prompt_ids + action_ids`."""
+    return _lengths(table[C.PROMPT_IDS]) + _lengths(table[C.ACTION_IDS])
+
+
 def too_long(table: pa.Table, max_positions: int) -> np.ndarray:
     """Steps whose `prompt_ids + action_ids` exceed the model's context: left out, never cut."""
-    return _lengths(table[C.PROMPT_IDS]) + _lengths(table[C.ACTION_IDS]) > max_positions
+    return step_lengths(table) > max_positions
 
 
 @dataclass

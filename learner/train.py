@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import torch
 
 from gagpo.learner import faults
-from gagpo.learner.batching import MicroBatch, plan, too_long
+from gagpo.learner.batching import MicroBatch, plan, step_lengths
 from gagpo.learner.checkpoint import (
     Head,
     StateWriter,
@@ -272,16 +272,11 @@ def _context_skipped(table: pa.Table, max_pos: int, d: Dist) -> int:
     """Steps longer than the model's context: counted, and named once in a warning line.
     They are left out of the loss, never cut: their actions were sampled on a context the
     learner cannot encode."""
-    over = too_long(table, max_pos)
-    count = int(over.sum())
+    lengths = step_lengths(table)
+    count = int((lengths > max_pos).sum())
     if count and d.main and max_pos not in _SAID_CONTEXT:
         _SAID_CONTEXT.add(max_pos)
-        longest = int(
-            (
-                pc.list_value_length(table[C.PROMPT_IDS]).to_numpy(zero_copy_only=False)
-                + pc.list_value_length(table[C.ACTION_IDS]).to_numpy(zero_copy_only=False)
-            ).max()
-        )
+        longest = int(lengths.max())
         print(
             f"warning: {count} step(s) of this batch (the longest {longest} tokens) exceed the "
             f"policy's context, max_position_embeddings = {max_pos} tokens of prompt + action: "
