@@ -30,7 +30,7 @@ from gagpo.schemas.cache import policy_cache_dir
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.seeds import derive_seed
-from gagpo.schemas.store import ShardRef, Store, new_id
+from gagpo.storage.store import ShardRef, Store, new_id
 
 
 @dataclass(frozen=True)

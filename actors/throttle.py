@@ -36,16 +36,16 @@ import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.archive import (
+from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.policy import staleness
+from gagpo.storage.archive import (
     Segment,
     file_groups,
     ledger_part_path,
     read_manifest,
     segment_path,
 )
-from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.policy import staleness
-from gagpo.schemas.store import ShardRef, Store
+from gagpo.storage.store import ShardRef, Store
 
 # Until a learner has written its settings into the ledger: a backlog of at most 4 groups.
 # A learner with B ≥ 2 and max_staleness ≥ 1 trains them all, any learner finds its first

@@ -105,7 +105,7 @@ def main() -> None:
     from gagpo.actors.actor import run_actor
     from gagpo.actors.policies.presets import load_policy
     from gagpo.schemas.config import ActorConfig
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     server = start_s3()
     scratch = Path(tempfile.mkdtemp(prefix="bench-actor-reload-"))

@@ -23,7 +23,7 @@ import polars as pl
 from gagpo.actors.actor import run_actor
 from gagpo.envs import make_env
 from gagpo.schemas.config import ActorConfig, SamplingConfig
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 
 def jsonl_bytes(store: Store) -> tuple[int, int, int]:

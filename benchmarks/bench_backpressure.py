@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from gagpo.learner.feed import STALE, TRAINED, Ledger  # noqa: E402
 from gagpo.schemas import columns as C  # noqa: E402
-from gagpo.schemas.store import Store  # noqa: E402
+from gagpo.storage.store import Store  # noqa: E402
 from tests.helpers.actors import actors_command  # noqa: E402
 from tests.helpers.learner import learner_beside_actors  # noqa: E402
 

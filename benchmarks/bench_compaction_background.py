@@ -27,7 +27,7 @@ ACTOR_RATE = re.compile(r"\[actor \d+\] run \S+: .* in [\d.]+s \(([\d.]+) steps/
 
 
 def run(store: Path, updates: int, every: int, seed: int) -> dict:
-    from gagpo.pipeline.sql import query_store
+    from gagpo.inspection.sql import query_store
 
     env = dict(os.environ, HOME=str(store.parent / "home"), TMPDIR=str(store.parent))
     cmd = [

@@ -45,7 +45,7 @@ from gagpo.learner.metrics import read_metrics
 from gagpo.learner.model import action_logprobs, load_model
 from gagpo.learner.train import make_optimizer, run_update, train
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.history import counted_once, full_history_batch
 from tests.helpers.steps import make_steps
 

@@ -149,7 +149,7 @@ def run_setting(
     from gagpo.learner.feed import TRAINED, GroupRef, Ledger
     from gagpo.learner.publish import write_version
     from gagpo.learner.train import Parts, make_optimizer
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     model, base = load(policy, work, torch.device(device))
     params = sum(p.numel() for p in model.parameters())

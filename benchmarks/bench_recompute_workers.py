@@ -27,7 +27,7 @@ from bench_advantages import synthetic_steps
 from gagpo.pipeline.config import parse_estimator_config
 from gagpo.pipeline.recompute import recompute_store
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 
 def build(root: str, shards: int, steps: int) -> int:

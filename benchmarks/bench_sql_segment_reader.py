@@ -1,5 +1,5 @@
 """DuckDB reading Parquet segments through the read-only `gagposegment://` file system of
-pipeline/sql_segments.py, against DuckDB's own local reader by path (what `gagpo sql` did
+inspection/sql_segments.py, against DuckDB's own local reader by path (what `gagpo sql` did
 before issue 39), on the same files: a count (footers only) and an aggregate (a scan).
 
     python benchmarks/bench_sql_segment_reader.py [FILES] [ROWS_PER_FILE] [REPEAT]
@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gagpo.pipeline.sql_segments import ReadOnlySegments, segment_url
+from gagpo.inspection.sql_segments import ReadOnlySegments, segment_url
 
 
 def write_files(folder: str, n_files: int, rows: int) -> list[str]:

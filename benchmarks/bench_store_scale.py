@@ -62,9 +62,9 @@ sys.path.insert(0, str(ROOT))
 
 from gagpo.schemas import columns as C  # noqa: E402
 
-ROW_GROUP_ROWS = 16_384  # the floor's row groups: the segments' size (schemas/compaction.py)
+ROW_GROUP_ROWS = 16_384  # the floor's row groups: the segments' size (storage/compaction.py)
 with contextlib.suppress(ImportError):  # before compaction existed: its rows fail and say so
-    from gagpo.schemas.compaction import ROW_GROUP_ROWS
+    from gagpo.storage.compaction import ROW_GROUP_ROWS
 
 # The measurements, in the order they run (the SQL rows before the advantage stage writes
 # advantages/, whose footers `gagpo sql` would read too).
@@ -84,7 +84,7 @@ SQL_POLICY = (
     "select policy_version, count(*) as rollouts, avg(success::double) as success_rate "
     "from trajectories group by policy_version order by policy_version"
 )
-# The floor's SQL: the trajectories view of pipeline/sql_views.py over one file.
+# The floor's SQL: the trajectories view of inspection/sql_views.py over one file.
 FLOOR_TRAJECTORIES = """
 with steps as (select * from read_parquet('{path}')),
 trajectories as (
@@ -262,7 +262,7 @@ def build_seed(args, env: dict) -> Path:
 
 
 def read_seed(seed: Path) -> list[SeedShard]:
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     store = Store(str(seed))
     refs = store.list_shards()
@@ -401,7 +401,7 @@ def build_store(seed: list[SeedShard], n_groups: int, store: Path, floor: Path) 
 def check_shard(path: Path, metadata: dict[bytes, bytes]) -> None:
     """The clone is a shard every reader accepts: validated as the learner reads it, with
     the seed's metadata keys, named by its shard id."""
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     table = Store(str(path.parent)).read_shard(str(path))  # raises ValidationError
     written = table.schema.metadata or {}
@@ -617,7 +617,7 @@ class Bench:
 
     def library_rows(self, n, store, built, res, phase) -> None:
         from gagpo.actors.throttle import Throttle
-        from gagpo.schemas.store import Store
+        from gagpo.storage.store import Store
 
         a = self.args
         url = str(store)
@@ -636,7 +636,7 @@ class Bench:
             )
         if self.want("step_files"):
             try:
-                from gagpo.schemas.archive import step_files
+                from gagpo.storage.archive import step_files
             except ImportError as exc:
                 res[f"step_files.{phase}"] = Cell(problem=f"FAILED (ImportError: {exc})")
             else:

@@ -5,7 +5,7 @@ Builds (or reuses, under --work) a store of N groups the way the store scale ben
 ids, one shard per group), stores GAGPO's advantages for every shard (`gagpo advantages
 --store`, as the learner would have), copies it, and compacts the copy (`gagpo compact
 --store S --all`). Then, on each of the two stores, it times what each page of `gagpo
-view` asks for, in-process, through the app's own data functions (pipeline/view/data.py)
+view` asks for, in-process, through the app's own data functions (inspection/view/data.py)
 on one `StoreSession`, as the server calls them:
 
     run page             run_data: curves per version, held-out, learner metrics
@@ -131,8 +131,8 @@ def measure(url: str, repeat: int) -> tuple[dict[str, scale.Cell], dict]:
     """Each page's data call on `url`, best of `repeat`, on one session kept open (the
     server reopens it 15 s after the last open to see new files: not counted here, but the
     first query is, as `open`)."""
-    from gagpo.pipeline.sql import Limits
-    from gagpo.pipeline.view import data
+    from gagpo.inspection.sql import Limits
+    from gagpo.inspection.view import data
     from gagpo.workflows.view import EnvironmentOracle
 
     data.REFRESH_S = float("inf")  # one connection for the whole measurement

@@ -22,13 +22,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gagpo.pipeline.sql_views import VIEWS
+from gagpo.inspection.sql_views import VIEWS
 
 IGNORED = {"estimators": ["shards"]}  # file counts: what compaction changes on purpose
 
 
 def views(store: str) -> dict[str, pa.Table]:
-    from gagpo.pipeline.sql import close_store_db, open_store_db, run_query
+    from gagpo.inspection.sql import close_store_db, open_store_db, run_query
 
     con = open_store_db(store)
     try:
@@ -57,8 +57,8 @@ def advantages(store: str) -> pa.Table:
     """GAGPO recomputed over the store, read back as one table sorted by (traj_id, step)."""
     from gagpo.pipeline.config import GagpoConfig
     from gagpo.pipeline.recompute import recompute_store
-    from gagpo.schemas.archive import step_files
-    from gagpo.schemas.store import Store
+    from gagpo.storage.archive import step_files
+    from gagpo.storage.store import Store
 
     config = GagpoConfig()
     recompute_store(store, None, config)

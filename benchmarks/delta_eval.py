@@ -34,7 +34,7 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from gagpo.schemas import columns as C
-    from gagpo.schemas.store import Store, new_id
+    from gagpo.storage.store import Store, new_id
 
     shard = pq.read_table(sorted(glob.glob(args.shards))[0])
     group = shard.replace_schema_metadata(None)

@@ -96,7 +96,7 @@ learner() {
     "$PY" - "$WORK/store" <<'EOF'
 import sys
 from gagpo.learner.metrics import read_metrics
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 m = read_metrics(Store(sys.argv[1])).sort("update")
 print(m.select("update", "loss", "grad_norm", "tokens_per_s", "mismatch_kl", "mismatch_max_abs"))
 assert m.height == 2 and m["loss"].is_finite().all()

@@ -35,7 +35,7 @@ import polars as pl
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from gagpo.workflows import credit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -18,7 +18,7 @@ from typing import Any
 from gagpo.envs.base import Transition
 from gagpo.envs.parse import normalise_command
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.files import atomic_write
+from gagpo.storage.files import atomic_write
 
 # What `make install` runs for the optional engines (INSTALL-NOTES-envs.md has the why).
 PIP_TEXTWORLD = (

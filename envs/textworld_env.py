@@ -50,7 +50,7 @@ from gagpo.envs.external import (
 )
 from gagpo.schemas.cache import cache_root
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.files import build_once
+from gagpo.storage.files import build_once
 
 GAME_FORMAT = 1  # bump when the files a game folder holds change
 # Challenge -> its settings and their defaults: small games a policy can finish in 30 turns.

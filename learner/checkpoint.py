@@ -63,9 +63,9 @@ from gagpo.learner.lease import acquire, check_lease
 from gagpo.learner.publish import folder_bytes, is_complete, put_folder, remove_folder
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.faults import set_thread_ordinal
 from gagpo.schemas.layout import STATE_LEDGER, STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
-from gagpo.schemas.store import Store
+from gagpo.storage.faults import set_thread_ordinal
+from gagpo.storage.store import Store
 
 
 def checkpoint_dir(store: Store, version: int) -> str:

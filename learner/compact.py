@@ -1,4 +1,4 @@
-"""Who compacts, and when: the learner in the background, or `gagpo compact` (schemas/compaction.py).
+"""Who compacts, and when: the learner in the background, or `gagpo compact` (storage/compaction.py).
 
 Only the holder of the store's lease writes the archive. The learner holds it already:
 after a publication, when `compaction.every_updates` updates passed since its last
@@ -27,12 +27,12 @@ import pyarrow.compute as pc
 
 from gagpo.learner.config import CompactionSettings
 from gagpo.schemas import columns as C
-from gagpo.schemas.archive import read_ledger, tail_ledger_path
 from gagpo.schemas.cli import OneLineCommand, run_cli
 from gagpo.schemas.cli_models import ModelOptions
-from gagpo.schemas.compaction import CompactionResult, compact
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import ShardRef, Store
+from gagpo.storage.archive import read_ledger, tail_ledger_path
+from gagpo.storage.compaction import CompactionResult, compact
+from gagpo.storage.store import ShardRef, Store
 
 
 def consumed_shards(

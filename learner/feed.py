@@ -30,11 +30,11 @@ import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.archive import archived_ledger, is_segment, segment_refused, step_files
 from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.policy import staleness
-from gagpo.schemas.store import ShardRef, Store
 from gagpo.schemas.validate import check_group_owners
+from gagpo.storage.archive import archived_ledger, is_segment, segment_refused, step_files
+from gagpo.storage.store import ShardRef, Store
 
 TRAINED, STALE = "trained", "stale"
 # Column names of the ledger table, one row per consumed group (schemas/columns.py).
@@ -91,7 +91,7 @@ class Batch:
 class Ledger:
     """Which groups were consumed, by which update; see the module docstring.
 
-    Rows of compacted groups live in the archive (schemas/archive.py); `commit` writes
+    Rows of compacted groups live in the archive (storage/archive.py); `commit` writes
     only the tail (`tail_table()`), the rows of groups still in the inbox."""
 
     def __init__(self, table: pa.Table | None = None, archived: pa.Table | None = None) -> None:
@@ -252,7 +252,7 @@ class Feed:
         return moved
 
     def _listing(self) -> list[ShardRef]:
-        """The files to read (schemas/archive.py): in a replay, the replayed store's archive
+        """The files to read (storage/archive.py): in a replay, the replayed store's archive
         segments (as refs named by segment id) and then its inbox. Following a store, its
         inbox, and on the first listing the segments holding groups no learner consumed
         (`gagpo compact --all` moved them): the ledger skips those it already holds."""

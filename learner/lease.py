@@ -40,9 +40,9 @@ import time
 import uuid
 
 from gagpo.schemas import layout
-from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.retry import describe, env_seconds, retrying
-from gagpo.schemas.store import Store
+from gagpo.schemas.errors import GagpoError, describe
+from gagpo.storage.retry import env_seconds, retrying
+from gagpo.storage.store import Store
 
 LEASE_TTL_S = 60.0
 LEASE_TTL_ENV = "GAGPO_LEASE_TTL_S"

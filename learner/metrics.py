@@ -19,7 +19,7 @@ import torch
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.policy import staleness
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 # Columns of a metrics row, in order (loss terms as returned by `gagpo_loss`).
 METRIC_COLUMNS = C.LEARNER_METRICS_COLUMNS

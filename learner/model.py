@@ -16,7 +16,7 @@ from gagpo.learner.batching import MicroBatch
 from gagpo.schemas.cache import policy_cache_dir
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.policy import PolicySpec
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 WAIT_NOTE_S = 60.0  # the wait for the base policy says it still waits this often
 

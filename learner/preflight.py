@@ -6,7 +6,7 @@ from __future__ import annotations
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.policy import PolicySpec
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 
 def check_start(cfg) -> None:
@@ -24,7 +24,7 @@ def check_start(cfg) -> None:
             )
     if cfg.replay is not None:
         source = Store(cfg.replay)
-        from gagpo.schemas.archive import step_files
+        from gagpo.storage.archive import step_files
 
         if not source.fs.exists(source.root) or step_files(source).empty:
             raise GagpoError(
@@ -33,6 +33,6 @@ def check_start(cfg) -> None:
                 "archive segments made from them by gagpo compact)"
             )
         if cfg.replay_as_of_update is not None:
-            from gagpo.schemas.archive import groups_as_of
+            from gagpo.storage.archive import groups_as_of
 
             groups_as_of(source, cfg.replay_as_of_update)  # one line for an update out of range

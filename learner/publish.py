@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 from gagpo.learner.faults import fault_point
 from gagpo.learner.lease import check_lease
 from gagpo.schemas import layout
+from gagpo.schemas.errors import StoreFullError
 from gagpo.schemas.layout import LINEAGE
-from gagpo.schemas.retry import StoreFullError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 if TYPE_CHECKING:
     import torch

@@ -63,7 +63,7 @@ from gagpo.learner.preflight import check_start
 from gagpo.learner.publish import point_latest, write_version
 from gagpo.learner.sft import sft_loss
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 # Sums over micro-batches (then ranks): loss terms weighted by each micro-batch's share.
 _WEIGHTED = ("loss", "pg_loss", "kl_ref", "entropy")
@@ -351,7 +351,7 @@ def replay_order(cfg: LearnerConfig) -> list[str] | None:
     its batches."""
     if cfg.replay is None or cfg.replay_as_of_update is None:
         return None
-    from gagpo.schemas.archive import groups_as_of
+    from gagpo.storage.archive import groups_as_of
 
     rows = groups_as_of(Store(cfg.replay), cfg.replay_as_of_update)
     trained = rows.filter(pc.equal(rows[C.LEDGER_STATUS], TRAINED))

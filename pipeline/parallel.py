@@ -39,7 +39,7 @@ _STORES: dict[str, Any] = {}  # a worker's Store per URL, opened once
 def worker_store(url: str):
     """This worker's Store for `url`, opened once per process."""
     if url not in _STORES:
-        from gagpo.schemas.store import Store
+        from gagpo.storage.store import Store
 
         _STORES[url] = Store(url)
     return _STORES[url]

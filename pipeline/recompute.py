@@ -25,10 +25,9 @@ from gagpo.pipeline.checks import check_schema
 from gagpo.pipeline.config import EXACT, EstimatorConfig
 from gagpo.pipeline.diagnose import Diagnostics, diagnostics
 from gagpo.schemas import columns as C
-from gagpo.schemas.errors import GagpoError, ValidationError
-from gagpo.schemas.files import atomic_write
-from gagpo.schemas.retry import first_line
+from gagpo.schemas.errors import GagpoError, ValidationError, first_line
 from gagpo.schemas.validate import check_group_owners
+from gagpo.storage.files import atomic_write
 
 # --out files: snappy writes ~40 % faster than zstd for ~25 % more bytes; a table that
 # can be recomputed favours speed. The store's own files stay zstd.
@@ -216,11 +215,11 @@ def shard_task(
     import pyarrow.compute as pc
 
     from gagpo.pipeline.parallel import worker_store
-    from gagpo.schemas.archive import is_segment, read_segment
+    from gagpo.storage.archive import is_segment, read_segment
 
     store = worker_store(url)
     try:
-        if is_segment(ref):  # its footer validated (schemas/archive.py): only what the stage uses
+        if is_segment(ref):  # its footer validated (storage/archive.py): only what the stage uses
             columns = list(dict.fromkeys([*C.ADVANTAGE_INPUT_COLUMNS, C.RUN_ID, C.GROUP_ID]))
             shard = read_segment(store, ref.path, columns)
         else:
@@ -253,7 +252,7 @@ def shard_task(
 
 def encode_parquet(table, metadata: dict[bytes, bytes]) -> bytes:
     """The bytes `Store.write_parquet(table, path, metadata)` commits."""
-    from gagpo.schemas.store import PARQUET_COMPRESSION
+    from gagpo.storage.store import PARQUET_COMPRESSION
 
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     buffer = io.BytesIO()
@@ -284,7 +283,7 @@ def recompute_store(
     as_of_update: int | None = None,
 ) -> StoreSummary:
     """Advantages of the store's steps at `url` (of `run_id`, or of all runs): one table per
-    archive segment and per inbox shard (schemas/archive.py, the one reader), committed at
+    archive segment and per inbox shard (storage/archive.py, the one reader), committed at
     advantages/<tag>/<segment or shard id>.parquet. With `as_of_update`, only the groups
     the store's learner had consumed by that update, under the tag `<tag>@u<update>`.
 
@@ -300,8 +299,8 @@ def recompute_store(
     and the commits stay here, in file order, so the store ends exactly as after the
     serial run.
     """
-    from gagpo.schemas.archive import groups_as_of, step_files
-    from gagpo.schemas.store import Store
+    from gagpo.storage.archive import groups_as_of, step_files
+    from gagpo.storage.store import Store
 
     store = Store(url)
     files = step_files(store, run_id)
@@ -367,7 +366,7 @@ def _recompute(
     """Compute and commit the tables of `refs` (each file's diagnostics columns into
     `kept`, by id); returns whether any file had vanished."""
     from gagpo.pipeline.parallel import ordered_map
-    from gagpo.schemas.archive import is_segment
+    from gagpo.storage.archive import is_segment
 
     missing = False
     offset = total - len(refs)

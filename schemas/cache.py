@@ -17,5 +17,5 @@ def cache_root() -> Path:
 
 
 def policy_cache_dir() -> Path:
-    """Where policy versions fetched from a store are kept (`PolicyRegistry.fetch`, schemas/registry.py)."""
+    """Where policy versions fetched from a store are kept (`PolicyRegistry.fetch`, storage/registry.py)."""
     return cache_root() / "policies"

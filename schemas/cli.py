@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.retry import describe, first_line, is_disk_full, is_transient
+from gagpo.schemas.errors import GagpoError, describe, first_line, is_disk_full, is_transient
 from gagpo.schemas.signals import SIGINT_FROM_PARENT
 
 if TYPE_CHECKING:  # pydantic is imported by the commands that load a config model

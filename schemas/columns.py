@@ -230,7 +230,7 @@ def schema_major(version: str) -> int:
 
 # --- the learner's ledger: one row per consumed group (learner/feed.py) ---------------
 # learner/ledger.parquet holds the groups not yet compacted; archive/ledger/ the others
-# (schemas/archive.py). `update` is the learner update that trained the group or dropped
+# (storage/archive.py). `update` is the learner update that trained the group or dropped
 # it as stale (`status`), `learner_version` the version it was measured against.
 LEDGER_UPDATE, LEDGER_STATUS, LEDGER_LEARNER_VERSION = "update", "status", "learner_version"
 LEDGER_SCHEMA = pa.schema(

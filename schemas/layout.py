@@ -4,7 +4,7 @@ Each function takes the store's root, a path (`Store.root`) or a URL (`Store.url
 returns where one artefact lives under it; where code reads ids back out of a path, the
 artefact has a parser beside its builder. Numbered names (versions, generations, updates)
 take an int, or a string such as "*" for a glob pattern or "<N>" for the docs. Nothing here
-touches a file system: `Store` (schemas/store.py) lists, reads, commits and retries.
+touches a file system: `Store` (storage/store.py) lists, reads, commits and retries.
 
 docs/store.md ("Layout") is the one full listing; `LAYOUT` below is what it shows, and
 tests/test_layout_owner.py checks both that the listing matches and that no other module

@@ -12,8 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.retry import describe
+from gagpo.schemas.errors import GagpoError, describe
 
 
 def load_object(spec: str, what: str, accepted: str = "module:function") -> Callable[..., Any]:

@@ -15,8 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
-from gagpo.schemas.errors import ValidationError
-from gagpo.schemas.retry import describe
+from gagpo.schemas.errors import ValidationError, describe
 
 
 def check_schema_version(metadata: dict[bytes, bytes] | None) -> str:

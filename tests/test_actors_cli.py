@@ -15,8 +15,8 @@ import pytest
 
 from gagpo.envs.base import INVALID_ACTION_PENALTY
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
 from gagpo.schemas.validate import validate_steps
+from gagpo.storage.store import Store
 from tests.helpers.actors import actors_command, needs, run_actors
 from tests.helpers.steps import make_steps
 
@@ -196,7 +196,7 @@ def test_two_actors_into_one_store_collide_on_nothing(store_dir: Path):
 _SLOW_COMMIT = """
 import os, sys, time
 import pyarrow as pa
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 real_fsync = os.fsync
 def slow_fsync(fd):

@@ -26,7 +26,7 @@ from gagpo.envs.openai_chat import RequestError, observation_key, parse_reply, r
 from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.actors import actor_config
 from tests.helpers.steps import played, steps_of
 from tests.helpers.versions import fresh_logprobs, perturbed_copy

@@ -16,7 +16,7 @@ from gagpo.actors.throttle import DEFAULT_BATCH_GROUPS, DEFAULT_MAX_STALENESS, T
 from gagpo.learner.feed import STALE, Feed, Ledger, pipeline_advantages
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.actors import actors_command
 from tests.helpers.learner import ENV, ROOT, learner_beside_actors
 from tests.helpers.steps import make_steps

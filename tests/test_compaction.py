@@ -1,5 +1,5 @@
-"""Compaction (schemas/compaction.py, learner/compact.py): consumed shards leave the inbox
-(shards/) for archive segments, and the one reader (schemas/archive.py) returns every
+"""Compaction (storage/compaction.py, learner/compact.py): consumed shards leave the inbox
+(shards/) for archive segments, and the one reader (storage/archive.py) returns every
 group exactly once before, during and after, also after a compaction killed at any phase.
 """
 
@@ -23,7 +23,7 @@ from gagpo.learner.compact import compact_store, consumed_shards
 from gagpo.learner.config import CompactionSettings
 from gagpo.learner.feed import Ledger
 from gagpo.schemas import columns as C
-from gagpo.schemas.archive import (
+from gagpo.storage.archive import (
     ARCHIVE,
     LEDGER_PARTS,
     MANIFESTS,
@@ -44,8 +44,8 @@ from gagpo.schemas.archive import (
     step_files,
     tail_ledger_path,
 )
-from gagpo.schemas.compaction import SORT_KEYS, compact
-from gagpo.schemas.store import ADVANTAGES, ShardRef, Store
+from gagpo.storage.compaction import SORT_KEYS, compact
+from gagpo.storage.store import ADVANTAGES, ShardRef, Store
 from tests.helpers.steps import make_steps
 
 FULL_KEYS = [(C.GROUP_ID, "ascending"), (C.TRAJ_ID, "ascending"), (C.STEP, "ascending")]
@@ -510,9 +510,9 @@ def test_consumed_shards_picks_fully_consumed_shards_up_to_the_bound(store_dir: 
 # --- 4. a compaction killed at each phase ----------------------------------------------------
 KILLED = """
 import sys
-from gagpo.schemas.archive import read_ledger
-from gagpo.schemas.compaction import compact
-from gagpo.schemas.store import Store
+from gagpo.storage.archive import read_ledger
+from gagpo.storage.compaction import compact
+from gagpo.storage.store import Store
 store = Store(sys.argv[1])
 compact(store, store.list_shards(), read_ledger(store))
 """
@@ -548,7 +548,7 @@ def prepared_store(root: Path) -> tuple[Store, pa.Table]:
 
 def kill_at(tmp_path: Path, store: Store, phase: str, cli: bool) -> None:
     """Compact every inbox shard in a subprocess (`gagpo compact --all`, or compact()
-    itself) held at `phase` (GAGPO_HOLD, schemas/faults.py), then SIGKILL it there."""
+    itself) held at `phase` (GAGPO_HOLD, storage/faults.py), then SIGKILL it there."""
     pidfile = tmp_path / "held.pid"
     command = (
         [*GAGPO, "compact", "--store", store.url, "--all"]
@@ -716,8 +716,8 @@ def _raise_at(phase: str, n: int):
 def test_recovery_reports_exactly_the_files_it_removed(tmp_path, monkeypatch, phase, ledger_rows):
     """A compaction stopped at `phase` (in this process: an exception where the kill would
     be), then the next: `recovered` is the number of files that were left and are gone."""
-    import gagpo.schemas.compaction as compaction
-    import gagpo.schemas.store as store_module
+    import gagpo.storage.compaction as compaction
+    import gagpo.storage.store as store_module
 
     store = Store(str(tmp_path / "store"))
     refs = fill(store, 4)
@@ -803,7 +803,7 @@ def test_compact_store_moves_nothing_when_only_v0_is_published(store_dir: Path):
 HOLD_LEASE = """
 import sys, time
 from gagpo.learner.lease import acquire
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 acquire(Store(sys.argv[1]))
 open(sys.argv[2], "w").write("held")
 time.sleep(120)

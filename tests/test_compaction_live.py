@@ -2,7 +2,7 @@
 compacting after every update, SQL queries and recomputes reading, all on one store.
 
 Nothing may be lost or doubled, and no reader may fail, whatever instant a compaction
-commits (schemas/archive.py: the reader's sequence lock and its retry on vanished files).
+commits (storage/archive.py: the reader's sequence lock and its retry on vanished files).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
+from gagpo.inspection.sql import query_store
 from gagpo.learner.feed import Ledger
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.pipeline.recompute import recompute_store
-from gagpo.pipeline.sql import query_store
 from gagpo.schemas import columns as C
-from gagpo.schemas.archive import moved_by, read_manifest, read_steps_table, step_files
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.archive import moved_by, read_manifest, read_steps_table, step_files
+from gagpo.storage.store import Store
 
 GAGPO = str(Path(sys.executable).with_name("gagpo"))
 UPDATES = 8
@@ -134,7 +134,7 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(
     """SIGKILL the learner while its background compaction is at `phase` (its second
     compaction), then --resume: one lineage, every group trained once, and the next
     compaction finishes what the killed one left (nothing unnamed left in the archive)."""
-    from gagpo.schemas.archive import ARCHIVE, LEDGER_PARTS, SEGMENTS
+    from gagpo.storage.archive import ARCHIVE, LEDGER_PARTS, SEGMENTS
     from tests.helpers.learner import run_learner, tiny_model_dir, write_shards
     from tests.helpers.lineage import UPDATES, B, assert_one_lineage, kill_at, lineage_args
 
@@ -191,6 +191,6 @@ def test_every_view_and_recompute_is_the_same_after_gagpo_compact(tmp_path: Path
     assert read_manifest(Store(str(store_dir))) is None  # the learner did not compact
     lines: list[str] = []
     assert compare(str(store_dir), echo=lines.append) == [], "\n".join(lines)
-    from gagpo.pipeline.sql_views import VIEWS
+    from gagpo.inspection.sql_views import VIEWS
 
     assert sum(" same" in line for line in lines) == len(VIEWS) + 1  # every view, the recompute

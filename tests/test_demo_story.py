@@ -12,10 +12,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from gagpo.pipeline.intervals import change_line, difference, wilson
+from gagpo.inspection.intervals import change_line, difference, wilson
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from gagpo.workflows import credit
 from tests.helpers.actors import small_sokoban
 from tests.helpers.steps import make_steps
@@ -91,7 +91,7 @@ def test_zero_share_iqr_and_auc_by_hand(comparison):
 
 
 def test_the_printed_sql_reproduces_the_table(sokoban_store, comparison):
-    from gagpo.pipeline.sql import close_store_db, open_store_db, run_query
+    from gagpo.inspection.sql import close_store_db, open_store_db, run_query
 
     con = open_store_db(sokoban_store)
     try:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from gagpo.pipeline import sql
-from gagpo.pipeline import sql_sources as src
-from gagpo.pipeline.view.data import StoreSession, group_view
+from gagpo.inspection import sql
+from gagpo.inspection import sql_sources as src
+from gagpo.inspection.view.data import StoreSession, group_view
 from gagpo.schemas import columns as C
-from gagpo.schemas.archive import step_files
-from gagpo.schemas.compaction import compact
-from gagpo.schemas.store import Store
+from gagpo.storage.archive import step_files
+from gagpo.storage.compaction import compact
+from gagpo.storage.store import Store
 from tests.helpers.drift import GROUPS, HAND_BREAKS, brute_force, build_store
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "inspect.md"

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
-from gagpo.schemas.store import COMPLETE, Store
+from gagpo.storage.store import COMPLETE, Store
 from gagpo.workflows import evaluate
 from tests.helpers.steps import make_steps
 

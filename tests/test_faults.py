@@ -95,7 +95,7 @@ def _immutable(folder: Path) -> bool:
 
 
 def test_advantages_into_an_immutable_store(tmp_path):
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     root = tmp_path / "store"
     Store(str(root)).write_shard(make_steps(), group_size=3)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gagpo.schemas.retry import StoreFullError
-from gagpo.schemas.store import Store
+from gagpo.schemas.errors import StoreFullError
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ from gagpo.learner.precision import autocast_dtype
 from gagpo.learner.train import train
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import (
     GROUP_SIZE,
     ROOT,

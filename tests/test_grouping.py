@@ -459,9 +459,9 @@ def test_cli_flag_writes_pool_ids_and_prints_pool_sizes(tmp_path):
 
 
 def test_state_pools_view_shows_the_mode_and_which_states_were_merged(tmp_path):
-    from gagpo.pipeline import sql
+    from gagpo.inspection import sql
     from gagpo.pipeline.recompute import recompute_store
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
     from tests.helpers.steps import make_steps
 
     store = Store(str(tmp_path / "store"))
@@ -499,7 +499,7 @@ def test_report_shows_singleton_share_and_pool_sizes_per_mode():
     """gagpo report's State grouping table: one grouping pass per mode over the steps."""
     import duckdb
 
-    from gagpo.pipeline.report_summary import grouping_rows
+    from gagpo.inspection.report_summary import grouping_rows
 
     steps = pl.DataFrame(
         {

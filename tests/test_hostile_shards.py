@@ -15,7 +15,7 @@ from gagpo.pipeline.config import GagpoConfig
 from gagpo.pipeline.recompute import recompute_store
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import VOCAB
 from tests.helpers.shards import META, commit_raw, drain, make_feed
 from tests.helpers.steps import make_steps

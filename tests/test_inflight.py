@@ -25,8 +25,8 @@ from gagpo.actors.slots import Slots
 from gagpo.envs.sokoban import Sokoban
 from gagpo.schemas import columns as C
 from gagpo.schemas.config import ActorConfig
-from gagpo.schemas.store import Store
 from gagpo.schemas.validate import ValidationError, validate_steps
+from gagpo.storage.store import Store
 from tests.helpers.actors import actors_command
 from tests.helpers.envs import Staggered
 from tests.helpers.procs import group_members

@@ -86,7 +86,7 @@ def _store(tmp_path, env: str | None) -> str:
     import pyarrow as pa
 
     from gagpo.schemas import columns as C
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
     from tests.helpers.steps import make_steps
 
     url = str(tmp_path / "store")

@@ -1,12 +1,14 @@
 """The layering of docs/design.md §2, read from the source: every import of every module,
 lazy ones (inside functions, under TYPE_CHECKING) included.
 
-    schemas    imports nothing of ours
-    envs       imports schemas (environments, their adapters and the agent endpoint)
-    actors     imports schemas and envs
-    pipeline   imports schemas; never torch
-    learner    imports schemas and pipeline; never actors
-    workflows  imports all
+    schemas     imports nothing of ours (the contracts)
+    storage     imports schemas; never a config model, click or pydantic (the engine)
+    envs        imports schemas and storage (environments, adapters, the agent endpoint)
+    actors      imports schemas, storage and envs
+    pipeline    imports schemas and storage; never torch (the advantage stage)
+    inspection  imports schemas, storage and pipeline; never torch (SQL, report, view)
+    learner     imports schemas, storage and pipeline; never actors, never inspection
+    workflows   imports all
 """
 
 from __future__ import annotations
@@ -22,13 +24,29 @@ ROOT = Path(__file__).resolve().parents[1]
 # The layers of ours each layer may import (itself always), and outside packages it may not.
 ALLOWED = {
     "schemas": set(),
-    "envs": {"schemas"},
-    "actors": {"schemas", "envs"},
-    "pipeline": {"schemas"},
-    "learner": {"schemas", "pipeline"},
-    "workflows": {"schemas", "envs", "actors", "pipeline", "learner"},
+    "storage": {"schemas"},
+    "envs": {"schemas", "storage"},
+    "actors": {"schemas", "storage", "envs"},
+    "pipeline": {"schemas", "storage"},
+    "inspection": {"schemas", "storage", "pipeline"},
+    "learner": {"schemas", "storage", "pipeline"},
+    "workflows": {"schemas", "storage", "envs", "actors", "pipeline", "inspection", "learner"},
 }
-FORBIDDEN_PACKAGES = {"pipeline": {"torch"}}
+# Outside packages, and modules of ours, a layer may not import even where its layer may.
+FORBIDDEN_PACKAGES = {
+    "storage": {"click", "pydantic", "torch"},
+    "pipeline": {"torch"},
+    "inspection": {"torch"},
+}
+FORBIDDEN_MODULES = {
+    # The storage engine takes plain arguments: no config model, no CLI plumbing.
+    "storage": {
+        "gagpo.schemas.config",
+        "gagpo.schemas.cli",
+        "gagpo.schemas.cli_models",
+        "gagpo.schemas.overrides",
+    },
+}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -67,6 +85,11 @@ def violations(layer: str) -> list[str]:
             if target is not None and target != layer and target not in ALLOWED[layer]:
                 out.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
             if top in FORBIDDEN_PACKAGES.get(layer, ()):
+                out.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+            if any(
+                module == banned or module.startswith(banned + ".")
+                for banned in FORBIDDEN_MODULES.get(layer, ())
+            ):
                 out.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
             if top in LAYERS:  # a bare `schemas`: only works from a checkout, never installed
                 out.append(f"{path.relative_to(ROOT)}:{line} imports {module} (not gagpo.{module})")
@@ -174,3 +197,18 @@ def test_the_folders_say_the_order():
     design = (ROOT / "docs" / "design.md").read_text()
     table = [line for line in design.splitlines() if line.startswith("| `")]
     assert [line.split("`")[1].rstrip("/") for line in table][: len(LAYERS)] == list(LAYERS)
+
+
+def test_the_engine_refuses_config_models_and_click(tmp_path, monkeypatch):
+    """The check itself: a storage module importing click or a config model is found."""
+    folder = tmp_path / "storage"
+    folder.mkdir()
+    (folder / "bad.py").write_text(
+        "import click\nfrom gagpo.schemas.config import ActorConfig\n"
+        "from gagpo.schemas import layout\n"
+    )
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert violations("storage") == [
+        "storage/bad.py:1 imports click",
+        "storage/bad.py:2 imports gagpo.schemas.config",
+    ]

@@ -22,7 +22,7 @@
       layout name (`LEASE_DIR = "lease"`): a second owner of that name.
    Docstrings are not joins; messages that name a path are, and call layout too.
 2. docs/store.md's layout block is `layout.listing()`, and the README, docs/design.md and
-   schemas/store.py point to it instead of listing the layout themselves.
+   storage/store.py point to it instead of listing the layout themselves.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def test_other_listings_point_to_docs_store_md():
     """The README and design.md name the top folders and point to the full listing;
     store.py's docstring points to it. None writes the layout out a second time."""
     tops = {p.split("/")[1] for p, _ in layout.LAYOUT}
-    for name in ("README.md", "docs/design.md", "schemas/store.py"):
+    for name in ("README.md", "docs/design.md", "storage/store.py"):
         text = (ROOT / name).read_text(encoding="utf-8")
         assert "store.md" in text, f"{name} does not point to docs/store.md"
         assert "<shard_id>.parquet" not in text, f"{name} lists the layout itself"

@@ -16,7 +16,7 @@ from gagpo.learner.metrics import read_metrics
 from gagpo.learner.train import train
 from gagpo.schemas.config import load_config
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import ROOT, parameters, tiny_config, tiny_model_dir, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

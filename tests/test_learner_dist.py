@@ -13,7 +13,7 @@ import pytest
 from gagpo.learner.feed import STALE, TRAINED, Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.actors import actors_command
 from tests.helpers.learner import (
     ENV,

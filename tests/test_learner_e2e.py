@@ -17,7 +17,7 @@ from gagpo.learner.train import train
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.layout import COMPLETE
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import parameters, run_learner, tiny_model_dir, write_shards
 from tests.helpers.lineage import kill_at, lineage_args
 

@@ -10,7 +10,7 @@ import pytest
 from gagpo.learner.feed import STALE, TRAINED, Feed, Ledger, pipeline_advantages
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 
 ADV = pipeline_advantages(GagpoConfig())

@@ -17,7 +17,7 @@ from gagpo.learner.checkpoint import checkpoint_dir, rekey_optimizer_state
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import TRAINED, Ledger
 from gagpo.learner.metrics import read_metrics
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import (
     ENV,
     ROOT,

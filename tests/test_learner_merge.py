@@ -20,7 +20,7 @@ from gagpo.learner.dist import Dist
 from gagpo.learner.model import add_lora, load_model
 from gagpo.learner.train import run_update
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.history import counted_once, full_history_batch, full_history_steps
 from tests.helpers.learner import parameters, run_torchrun, tiny_learner_args, tiny_model_dir
 

@@ -17,7 +17,7 @@ from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import tiny_model_dir, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -54,11 +54,11 @@ class Outages:
 def test_learner_survives_an_outage_in_every_phase(emulator, tmp_path, monkeypatch, caplog):
     import gagpo.learner.faults as learner_faults
     import gagpo.learner.publish as publish
-    import gagpo.schemas.store as store_module
+    import gagpo.storage.store as store_module
     from gagpo.learner.feed import Feed
     from gagpo.learner.metrics import MetricsLog
     from gagpo.learner.train import train
-    from gagpo.schemas.registry import PolicyRegistry
+    from gagpo.storage.registry import PolicyRegistry
 
     url = f"s3://outage/{tmp_path.name}"
     store = Store(url)

@@ -9,7 +9,7 @@ from gagpo.learner.feed import Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.learner.train import train
 from gagpo.schemas.layout import COMPLETE
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import tiny_model_dir, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

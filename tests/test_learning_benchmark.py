@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pytest
 
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import EVAL, HELDOUT, Store
+from gagpo.storage.store import EVAL, HELDOUT, Store
 from tests.helpers.actors import small_sokoban
 from tests.helpers.steps import make_steps
 

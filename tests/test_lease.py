@@ -17,7 +17,7 @@ from gagpo.learner import lease as L
 from gagpo.learner.lease import LeaseLostError, acquire, check_lease, newest, release_lease
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import ROOT, learner_cmd, tiny_learner_args, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

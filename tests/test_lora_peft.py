@@ -19,7 +19,7 @@ from gagpo.learner.cli import learner_command
 from gagpo.learner.config import LearnerConfig, LoraSettings
 from gagpo.learner.model import add_lora, load_model, lora_modules
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import VOCAB, tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -12,13 +12,13 @@ import pytest
 from gagpo.actors.actor import ActorSummary
 from gagpo.actors.policies.base import Sample
 from gagpo.actors.rollout import rollout_group
+from gagpo.inspection.sql import open_store_db
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.pipeline.recompute import recompute_store
-from gagpo.pipeline.sql import open_store_db
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import ValidationError
-from gagpo.schemas.store import Store
 from gagpo.schemas.validate import validate_steps
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 from tests.helpers.textworld import tw_make
 

@@ -17,7 +17,7 @@ from polars.testing import assert_frame_equal
 from gagpo.pipeline import compute_advantages, parse_estimator_config
 from gagpo.pipeline.cli import advantages
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.advantages import rollout, steps_frame
 from tests.helpers.steps import make_steps
 

@@ -8,7 +8,7 @@ import threading
 
 from gagpo.pipeline.config import parse_estimator_config
 from gagpo.pipeline.recompute import recompute_store
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 
 

@@ -14,7 +14,7 @@ import torch
 
 from gagpo.learner import publish as P
 from gagpo.learner.model import load_model
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from gagpo.inspection import sql
 from gagpo.learner import publish as P
 from gagpo.learner.checkpoint import (
     StateWriter,
@@ -31,9 +32,8 @@ from gagpo.learner.lease import release_lease
 from gagpo.learner.metrics import read_metrics
 from gagpo.learner.model import load_model
 from gagpo.learner.train import lr_factor, make_optimizer, train
-from gagpo.pipeline import sql
 from gagpo.schemas.layout import COMPLETE, LINEAGE, STATE_TRAINER
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import parameters, tiny_config, tiny_model_dir, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -26,7 +26,7 @@ import pytest
 
 from gagpo.learner.checkpoint import check_lineage
 from gagpo.learner.metrics import read_metrics
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from gagpo.workflows import ray_run
 from tests.helpers.procs import alive, processes_naming
 from tests.helpers.ray_procs import QUICK, Run, ray_scratch

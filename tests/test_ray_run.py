@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from gagpo.workflows import ray_run
 from gagpo.workflows.layout import SEED_STRIDE, Plan, Process
 from gagpo.workflows.ray_placement import RankPlace, check_cluster, place, rendezvous

@@ -16,7 +16,7 @@ import pytest
 
 from gagpo.learner.config import LearnerConfig
 from gagpo.schemas.config import ActorConfig, load_config
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from gagpo.workflows.run import RunConfig, recipe_path, shipped, warmstart_config
 from tests.helpers.procs import alive
 

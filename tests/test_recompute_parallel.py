@@ -22,7 +22,7 @@ from gagpo.pipeline.cli import advantages
 from gagpo.pipeline.config import parse_estimator_config
 from gagpo.pipeline.recompute import _arrow, advantages_metadata, encode_parquet
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.procs import processes_naming
 from tests.helpers.steps import make_steps
 

@@ -20,7 +20,7 @@ import pytest
 
 from gagpo.schemas.config import ActorConfig, load_config
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from gagpo.workflows.run import RunConfig
 from tests.helpers.steps import make_steps
 

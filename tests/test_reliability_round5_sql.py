@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from gagpo.pipeline import sql
-from gagpo.pipeline.sql_segments import ReadOnlySegments, segment_url
-from gagpo.pipeline.view.app import create_app
-from gagpo.pipeline.view.data import StoreSession
-from gagpo.schemas.archive import read_manifest, segment_path
+from gagpo.inspection import sql
+from gagpo.inspection.sql_segments import ReadOnlySegments, segment_url
+from gagpo.inspection.view.app import create_app
+from gagpo.inspection.view.data import StoreSession
 from gagpo.schemas.cli import run_cli
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.archive import read_manifest, segment_path
+from gagpo.storage.store import Store
 from gagpo.workflows import cli
 from tests.helpers.sql import compacted_store
 

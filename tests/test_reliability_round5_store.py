@@ -28,15 +28,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from gagpo.actors.throttle import Throttle
+from gagpo.inspection.sql import close_store_db, open_store_db, run_query
 from gagpo.learner.compact import compact_store
 from gagpo.learner.config import CompactionSettings
 from gagpo.learner.feed import Feed, Ledger, pipeline_advantages
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.pipeline.recompute import recompute_store
-from gagpo.pipeline.sql import close_store_db, open_store_db, run_query
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.archive import (
+from gagpo.schemas.errors import GagpoError
+from gagpo.storage.archive import (
     cleared_path,
     manifest_path,
     moved_json,
@@ -46,9 +47,8 @@ from gagpo.schemas.archive import (
     read_steps_table,
     segment_path,
 )
-from gagpo.schemas.compaction import compact
-from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import OutsideStoreError, Store
+from gagpo.storage.compaction import compact
+from gagpo.storage.store import OutsideStoreError, Store
 from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]

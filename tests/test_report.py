@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from gagpo.pipeline.inspect_cli import inspect
-from gagpo.pipeline.report import write_report
+from gagpo.inspection.cli import inspect
+from gagpo.inspection.report import write_report
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.sql import build_known_store, write_histograms
 from tests.helpers.steps import make_steps
 
@@ -139,7 +139,7 @@ def test_two_stores_are_compared_on_shared_axes(tmp_path):
 
 
 def test_store_labels(tmp_path):
-    from gagpo.pipeline.report import parse_store_spec
+    from gagpo.inspection.report import parse_store_spec
 
     assert parse_store_spec("gagpo=runs/a") == ("gagpo", "runs/a")
     assert parse_store_spec("s3://bucket/x=1") == (None, "s3://bucket/x=1")
@@ -150,7 +150,7 @@ def test_store_labels(tmp_path):
 
 def test_report_shows_the_heldout_evaluation(known_store, tmp_path):
     from gagpo.schemas import columns as C
-    from gagpo.schemas.store import EVAL, HELDOUT
+    from gagpo.storage.store import EVAL, HELDOUT
 
     before = write_report(known_store.root, tmp_path / "before")
     table = pa.Table.from_pylist(
@@ -171,7 +171,7 @@ def test_report_shows_the_heldout_evaluation(known_store, tmp_path):
     after = write_report(known_store.root, tmp_path / "after")
     summary = after.summary.read_text()
     assert "## Held-out evaluation" in summary and "| 5 | 16 | 0.75 | 1 | 0.75 | 7 |" in summary
-    from gagpo.pipeline.intervals import change_line, wilson
+    from gagpo.inspection.intervals import change_line, wilson
 
     low, high = wilson(12, 16)  # each row with its 95 % interval; the change v0 → last
     assert f"| 5 | 16 | 0.75 | 1 | 0.75 | 7 | {low:.4g} | {high:.4g} |" in summary

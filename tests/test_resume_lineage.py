@@ -15,7 +15,7 @@ from gagpo.learner.config import LearnerConfig
 from gagpo.learner.train import train
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.layout import COMPLETE, LINEAGE
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import parameters, tiny_model_dir, write_shards
 from tests.helpers.lineage import UPDATES, B, assert_one_lineage, kill_at, resume
 

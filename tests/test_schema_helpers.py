@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.files import atomic_write, build_once
 from gagpo.schemas.loader import load_object
 from gagpo.schemas.policy import PolicySpec
 from gagpo.schemas.seeds import derive_seed
+from gagpo.storage.files import atomic_write, build_once
 
 
 def test_atomic_write_replaces_whole_or_leaves_the_old_file(tmp_path: Path):

@@ -11,7 +11,7 @@ import pytest
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import ValidationError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.shards import META, commit_raw, drain, make_feed
 from tests.helpers.steps import make_steps
 

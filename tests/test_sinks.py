@@ -13,7 +13,7 @@ from gagpo.learner.config import LearnerConfig
 from gagpo.learner.metrics import clip_possible, not_computed, progress_line, read_metrics
 from gagpo.learner.sinks import check_trackers
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import tiny_config, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

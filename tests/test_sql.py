@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gagpo.pipeline import sql
-from gagpo.pipeline.inspect_cli import inspect
+from gagpo.inspection import sql
+from gagpo.inspection.cli import inspect
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import COMPLETE, Store
+from gagpo.storage.store import COMPLETE, Store
 from tests.helpers.sql import build_known_store, write_histograms
 from tests.helpers.steps import make_steps
 
@@ -241,7 +241,7 @@ def test_heldout_view_reads_the_runs_evaluation(known_store):
     import pyarrow as pa
 
     from gagpo.schemas import columns as C
-    from gagpo.schemas.store import EVAL, HELDOUT
+    from gagpo.storage.store import EVAL, HELDOUT
 
     assert rows(sql.open_store_db(known_store), "SELECT * FROM heldout") == []
     table = pa.Table.from_pylist(
@@ -384,7 +384,7 @@ def test_cli_refusal_is_one_line_and_exit_2(known_store, outside):
         [
             sys.executable,
             "-m",
-            "gagpo.pipeline.inspect_cli",
+            "gagpo.inspection.cli",
             "sql",
             "--store",
             known_store.root,
@@ -449,7 +449,7 @@ def test_cli_interactive(known_store, outside):
 def test_help_is_light():
     code = (
         "import sys\n"
-        "from gagpo.pipeline.inspect_cli import inspect\n"
+        "from gagpo.inspection.cli import inspect\n"
         "for cmd in (['sql', '--help'], ['report', '--help']):\n"
         "    try:\n"
         "        inspect.main(cmd, standalone_mode=False)\n"
@@ -593,7 +593,7 @@ def test_views_over_computed_advantages(tmp_path):
 def test_no_torch_in_the_pipeline(known_store):
     code = (
         "import sys\n"
-        "from gagpo.pipeline.sql import open_store_db, run_query\n"
+        "from gagpo.inspection.sql import open_store_db, run_query\n"
         f"con = open_store_db({known_store.root!r})\n"
         "run_query(con, 'SELECT * FROM state_pools')\n"
         "print('torch' in sys.modules)\n"
@@ -607,7 +607,7 @@ def test_no_torch_in_the_pipeline(known_store):
 
 # --- bounds (issue 14, case 6): time, memory, result size, spill folder --------------
 def _sql_cli(store: Store, *args: str, cwd=None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "gagpo.pipeline.inspect_cli", "sql", "--store", store.root, *args]
+    cmd = [sys.executable, "-m", "gagpo.inspection.cli", "sql", "--store", store.root, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=cwd)
 
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from gagpo.pipeline import sql
-from gagpo.pipeline import sql_sources as src
-from gagpo.pipeline.sql_segments import segment_url
-from gagpo.pipeline.sql_views import VIEWS
-from gagpo.schemas.archive import read_manifest, segment_path, step_files
-from gagpo.schemas.compaction import compact
+from gagpo.inspection import sql
+from gagpo.inspection import sql_sources as src
+from gagpo.inspection.sql_segments import segment_url
+from gagpo.inspection.sql_views import VIEWS
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.archive import read_manifest, segment_path, step_files
+from gagpo.storage.compaction import compact
+from gagpo.storage.store import Store
 from tests.helpers.sql import compacted_store
 
 

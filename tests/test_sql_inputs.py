@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gagpo.pipeline.sql import close_store_db, open_store_db, run_query
-from gagpo.schemas.store import Store
+from gagpo.inspection.sql import close_store_db, open_store_db, run_query
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_a_symlink_to_a_file_outside_the_store_is_never_read(tmp_path):
 
 def gagpo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "gagpo.pipeline.inspect_cli", *args],
+        [sys.executable, "-m", "gagpo.inspection.cli", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -140,7 +140,7 @@ def test_store_url_without_a_bucket_is_one_line(command, tmp_path):
 
 
 def test_first_line_of_an_exception_without_a_message():
-    from gagpo.schemas.retry import describe, first_line
+    from gagpo.schemas.errors import describe, first_line
 
     assert first_line(OSError()) == "OSError" and describe(ValueError()) == "ValueError"
 

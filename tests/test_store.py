@@ -17,7 +17,7 @@ import pytest
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError, ValidationError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 
 

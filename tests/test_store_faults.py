@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 
 from gagpo.schemas.config import ActorConfig
-from gagpo.schemas.retry import StoreUnavailableError, is_transient, retrying
-from gagpo.schemas.store import Store
+from gagpo.schemas.errors import StoreUnavailableError, is_transient
+from gagpo.storage.retry import retrying
+from gagpo.storage.store import Store
 from tests.helpers.s3 import free_port
 from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = """
 import sys, time
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 store = Store(sys.argv[1])
 for i in range(3):
@@ -158,8 +159,8 @@ COMMANDS = {
     "actors": ["-m", "gagpo.actors.cli", "--policy", "tiny", "--groups", "1", "--quiet"],
     "learner": ["-m", "gagpo.learner.cli", "--policy", "tiny", "--updates", "1", "--quiet"],
     "advantages": ["-m", "gagpo.pipeline.cli"],
-    "sql": ["-m", "gagpo.pipeline.inspect_cli", "sql", "SELECT count(*) FROM steps"],
-    "report": ["-m", "gagpo.pipeline.inspect_cli", "report"],
+    "sql": ["-m", "gagpo.inspection.cli", "sql", "SELECT count(*) FROM steps"],
+    "report": ["-m", "gagpo.inspection.cli", "report"],
 }
 
 

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from gagpo.inspection.sql import query_store
 from gagpo.learner.checkpoint import state_versions
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import Ledger
 from gagpo.learner.train import train
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.pipeline.recompute import recompute_store
-from gagpo.pipeline.sql import query_store
-from gagpo.schemas.archive import read_manifest, read_steps_table
-from gagpo.schemas.compaction import compact
-from gagpo.schemas.store import Store
+from gagpo.storage.archive import read_manifest, read_steps_table
+from gagpo.storage.compaction import compact
+from gagpo.storage.store import Store
 from tests.helpers.learner import tiny_model_dir, write_shards
 from tests.helpers.steps import make_steps
 

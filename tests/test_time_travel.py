@@ -18,16 +18,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from gagpo.inspection.sql import query_store
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import Ledger
 from gagpo.learner.train import train
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.pipeline.recompute import recompute_store
-from gagpo.pipeline.sql import query_store
 from gagpo.schemas import columns as C
-from gagpo.schemas.archive import step_files
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.archive import step_files
+from gagpo.storage.store import Store
 from tests.helpers.learner import GROUP_SIZE, shard_table, tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

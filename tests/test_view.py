@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from gagpo.pipeline.sql import query_store
-from gagpo.pipeline.view.access import check_bind, is_loopback
-from gagpo.pipeline.view.app import create_app
-from gagpo.pipeline.view.data import StoreSession
+from gagpo.inspection.sql import query_store
+from gagpo.inspection.view.access import check_bind, is_loopback
+from gagpo.inspection.view.app import create_app
+from gagpo.inspection.view.data import StoreSession
 from gagpo.schemas.errors import GagpoError
 from gagpo.workflows import view as view_cli
 from tests.helpers.view import cli_advantages, cli_csv, free_port, raw_get, serving, view_store
@@ -378,7 +378,7 @@ def test_the_run_compare_and_pools_data(app_client, group_id):
 
 
 def test_assets_ship_in_the_package_and_name_no_other_host():
-    from gagpo.pipeline.view.app import load_assets
+    from gagpo.inspection.view.app import load_assets
 
     assets = load_assets()
     assert {
@@ -406,7 +406,7 @@ def test_assets_ship_in_the_package_and_name_no_other_host():
 
 def page_data(session: StoreSession, group_id: str, tag: str) -> dict:
     """What the group, compare and run pages read, without the store's label."""
-    from gagpo.pipeline.view import data
+    from gagpo.inspection.view import data
 
     shown = {
         "stored": data.group_view(session, group_id, f"stored:{tag}", {}),
@@ -458,7 +458,7 @@ def test_the_pools_page_equals_the_state_pools_view(view_store, tmp_path):
     tag, a minhash tag and a group without advantages, it says what the view says."""
     import shutil
 
-    from gagpo.pipeline.view import data
+    from gagpo.inspection.view import data
     from tests.helpers.view import GAGPO, run
 
     store = tmp_path / "store"

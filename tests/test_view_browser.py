@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from gagpo.pipeline.sql import query_store
-from gagpo.pipeline.view.app import create_app
-from gagpo.pipeline.view.data import StoreSession
+from gagpo.inspection.sql import query_store
+from gagpo.inspection.view.app import create_app
+from gagpo.inspection.view.data import StoreSession
 from gagpo.workflows.view import EnvironmentOracle
 from tests.helpers.drift import GROUPS, brute_force, build_store
 from tests.helpers.view import cli_advantages, cli_csv, serving, view_store

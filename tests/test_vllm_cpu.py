@@ -34,7 +34,7 @@ from gagpo.learner.config import LoraSettings
 from gagpo.learner.model import add_lora
 from gagpo.learner.publish import publish_version
 from gagpo.schemas.config import SamplingConfig, VllmSettings
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 pytestmark = [
     pytest.mark.slow,

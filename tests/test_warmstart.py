@@ -18,7 +18,7 @@ from gagpo.actors.rollout import rollout_group
 from gagpo.envs import make_env
 from gagpo.learner.sft import sft_loss
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 # --- the supervised objective --------------------------------------------------------------
 

@@ -37,8 +37,8 @@ SUBCOMMANDS = {
         "compact_command",
         "Move consumed shards from the inbox into archive segments.",
     ),
-    "sql": ("gagpo.pipeline.inspect_cli", "sql_command", "Query a store with read-only SQL."),
-    "report": ("gagpo.pipeline.inspect_cli", "report_command", "Plots and a summary of a store."),
+    "sql": ("gagpo.inspection.cli", "sql_command", "Query a store with read-only SQL."),
+    "report": ("gagpo.inspection.cli", "report_command", "Plots and a summary of a store."),
     "view": ("gagpo.workflows.view", "view_command", "A local read-only web app over a store."),
 }
 

@@ -185,7 +185,7 @@ def estimators(run_estimator: EstimatorConfig | None = None) -> list[tuple[str, 
 def read_steps(store, env: str | None = None, columns=STEP_COLUMNS) -> pl.DataFrame:
     """The store's committed, valid steps (`columns`), all of them of `env` (default: of
     one environment, whichever it is)."""
-    from gagpo.schemas.archive import read_steps_table
+    from gagpo.storage.archive import read_steps_table
 
     steps = pl.from_arrow(read_steps_table(store, list(columns)))  # archive and inbox
     if steps.height == 0:
@@ -203,7 +203,7 @@ def read_steps(store, env: str | None = None, columns=STEP_COLUMNS) -> pl.DataFr
 def oracle_env(store_url: str) -> str | None:
     """The environment of the store's steps when it declares a step oracle (the credit
     comparison needs one), else None; a one-line error for a store without steps."""
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     env = steps_env(read_steps(Store(store_url), columns=[C.ENV]))
     return env if step_oracle(env) is not None else None
@@ -216,8 +216,8 @@ def compare(
     and measure each one's credit against the step oracle of `env` (default: the steps'
     own environment)."""
     from gagpo.pipeline.recompute import recompute_store
-    from gagpo.schemas.archive import step_files
-    from gagpo.schemas.store import Store
+    from gagpo.storage.archive import step_files
+    from gagpo.storage.store import Store
 
     store = Store(store_url)
     steps = read_steps(store, env)

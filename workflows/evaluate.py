@@ -19,12 +19,12 @@ import tempfile
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gagpo.pipeline.intervals import change_line, wilson
+from gagpo.inspection.intervals import change_line, wilson
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.cache import policy_cache_dir
 from gagpo.schemas.config import ActorConfig
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 
 def versions_to_evaluate(store: Store, every: int) -> list[int]:
@@ -64,7 +64,7 @@ def play(actors: ActorConfig, store: str | None = None) -> dict:
 
 def rollout_totals(store: Store) -> tuple[int, int, float]:
     """(valid replies, steps, summed reward) over the store's committed shards."""
-    from gagpo.schemas.archive import read_steps_table
+    from gagpo.storage.archive import read_steps_table
 
     table = read_steps_table(store, [C.ACTION_VALID, C.REWARD])  # archive and inbox
     valid = pc.sum(table[C.ACTION_VALID]).as_py() or 0
@@ -123,7 +123,7 @@ def table(rows: list[dict], groups: int, group_size: int) -> str:
 
 def change(rows: list[dict]) -> str:
     """'held-out success: v0 a % [interval] → vN b % [interval], +x points (±y)', first to
-    last evaluated version (±: the 95 % interval of the difference, pipeline/intervals.py)."""
+    last evaluated version (±: the 95 % interval of the difference, inspection/intervals.py)."""
     first, last = rows[0], rows[-1]
     return (
         f"held-out success: v{first['policy_version']} {first['success_rate']:.1%} "

@@ -258,7 +258,7 @@ class RankHost(_Child):
 
 
 def _new_run_id() -> str:
-    from gagpo.schemas.store import new_id
+    from gagpo.storage.store import new_id
 
     return new_id()
 
@@ -837,7 +837,7 @@ def write_restarts(store_url: str, run_id: str, events: list[dict]) -> None:
     too. Committed atomically as every file."""
     import pyarrow as pa
 
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     store = Store(store_url)
     schema = pa.schema(
@@ -863,7 +863,7 @@ def write_restarts(store_url: str, run_id: str, events: list[dict]) -> None:
 
 def restarts_line(store_url: str, run_id: str) -> str:
     """The closing line of a Ray run, read back from what the run wrote to the store."""
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     store = Store(store_url)
     path = restarts_path(store, run_id)
@@ -877,7 +877,7 @@ def check_store_shared(ray, store: str) -> None:
     """On a cluster of several nodes the store must be one every node reaches: an object
     store, or a local path every node sees (a shared file system, checked with a probe
     file). Anything else is refused in one line before any process starts."""
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     opened = Store(store)

@@ -226,7 +226,7 @@ def run(
     if config.eval_groups and not learner_cfg.keep_every:  # keep what will be evaluated
         learner_args += ["--set", f"keep_every={config.eval_every}"]
     warm_cfg = warmstart_config(path, actor_cfg) if warm else None
-    from gagpo.schemas.store import Store, new_id
+    from gagpo.storage.store import Store, new_id
     from gagpo.workflows.launch import launcher_for
     from gagpo.workflows.layout import plan_run
 
@@ -286,8 +286,8 @@ def run(
 def _group_use(con, store) -> str:
     """What became of the generated groups: trained, dropped as stale (the share that
     backpressure keeps small, actors/throttle.py) or never read, from the ledger."""
+    from gagpo.inspection.sql import run_query
     from gagpo.learner.feed import STALE, TRAINED, Ledger
-    from gagpo.pipeline.sql import run_query
 
     generated = run_query(con, "select count(*) as n from groups").to_pylist()[0]["n"]
     status = Ledger.load(store).table()["status"].to_pylist()
@@ -301,8 +301,8 @@ def _group_use(con, store) -> str:
 
 def summary(store: str) -> str:
     """Success rate, valid replies and return per policy version, from the store's SQL views."""
-    from gagpo.pipeline.sql import close_store_db, open_store_db
-    from gagpo.schemas.store import Store
+    from gagpo.inspection.sql import close_store_db, open_store_db
+    from gagpo.storage.store import Store
 
     opened = Store(store)
     con = open_store_db(opened)
@@ -313,8 +313,8 @@ def summary(store: str) -> str:
 
 
 def _summary(con, opened, store: str) -> str:
-    from gagpo.pipeline.intervals import wilson
-    from gagpo.pipeline.sql import run_query
+    from gagpo.inspection.intervals import wilson
+    from gagpo.inspection.sql import run_query
 
     top = run_query(con, "select max(policy_version) as v from trajectories").to_pylist()[0]["v"]
     # Long runs: consecutive versions share a row (at most SUMMARY_ROWS), so a row holds
@@ -396,14 +396,14 @@ def credit_lines(store: str, estimator, echo) -> list[str]:
 def report_dir(store: str) -> Path:
     """Where the run's report goes: STORE/report/, or ./gagpo-report for a remote store."""
     from gagpo.schemas import layout
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     return Path(layout.report_dir(store)) if Store(store).is_local else Path("gagpo-report")
 
 
 def report(store: str) -> str:
     """Write `gagpo report` for the store; say where it and its learning curve are."""
-    from gagpo.pipeline.report import write_report
+    from gagpo.inspection.report import write_report
 
     out = report_dir(store)
     written = write_report(store, out)

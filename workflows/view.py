@@ -1,6 +1,6 @@
 """`gagpo view`: the command, and the step oracles of the environments it is given.
 
-The app (pipeline/view/) may not import the environments (actors/), so this module wires
+The app (inspection/view/) may not import the environments (actors/), so this module wires
 them in: on the compare page, where a group's environment declares a step oracle
 (Sokoban's solver), it says which moves were optimal and each estimator's credit AUC is computed as `make demo`'s credit table does
 (workflows/credit.py's `label` and `credit_auc`, for one group or one rollout).
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gagpo.pipeline.inspect_cli import gamma_option, limit_options
+from gagpo.inspection.cli import gamma_option, limit_options
 from gagpo.schemas import columns as C
 from gagpo.schemas.cli import OneLineCommand
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # Polars and the solver load when a page asks, not for `gagpo
 
 class EnvironmentOracle:
     """The step oracle an environment declares (envs/base.py, StepOracle; Sokoban's
-    exact solver) as the view's `StepOracle` (pipeline/view/data.py): a group of an
+    exact solver) as the view's `StepOracle` (inspection/view/data.py): a group of an
     environment that declares none gets no labels."""
 
     name = "the environment's step oracle"
@@ -84,7 +84,7 @@ def view_command(
     """Serve a local, read-only web app over the store: the run's learning curves, each
     group's rollouts side by side with their credit under any estimator, state pools,
     and the SQL sandbox of `gagpo sql` (docs/inspect.md)."""
-    from gagpo.pipeline.view.cli import serve
+    from gagpo.inspection.view.cli import serve
 
     serve(
         store_specs, host, port, token, gamma, timeout_s, memory_limit, oracle=EnvironmentOracle()

@@ -128,7 +128,7 @@ def env_revision(env: str) -> int:
 
 def warmstart(cfg: WarmstartConfig, *, echo=print) -> Path:
     """The warm-started policy folder for `cfg`: from the cache, or built (atomically) now."""
-    from gagpo.schemas.files import build_once
+    from gagpo.storage.files import build_once
 
     key = cache_key(cfg)
     final = warmstart_root() / key
@@ -187,7 +187,7 @@ def _copy_shipped(shipped: Path, folder: Path) -> None:
 
 
 def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     store = str(folder / "store")
     demos = record_demonstrations(cfg, store)
@@ -253,7 +253,7 @@ def supervised(cfg: WarmstartConfig, store: str, replay: str | None = None, echo
     from gagpo.learner.config import LearnerConfig
     from gagpo.learner.metrics import read_metrics
     from gagpo.learner.train import train
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     # Replay: no waiting for actors, no staleness drop, each group once.
     sft = LearnerConfig(

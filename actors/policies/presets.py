@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from gagpo.actors.policies.folders import check_model_dir, quiet_transformers
 from gagpo.schemas.cache import cache_root
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.files import build_once
 from gagpo.schemas.policy import PolicySpec
+from gagpo.storage.files import build_once
 
 if TYPE_CHECKING:
     from gagpo.actors.policies.base import PolicyBackend, SamplingConfig

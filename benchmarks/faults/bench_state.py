@@ -36,7 +36,7 @@ def measure(policy: str, url: str, repeats: int, groups: int) -> dict:
     from gagpo.learner.feed import TRAINED, GroupRef, Ledger
     from gagpo.learner.model import load_model
     from gagpo.learner.publish import publish_version
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     torch.manual_seed(0)
     base = resolve_model(policy)

@@ -97,7 +97,7 @@ def _temporaries(folder: Path) -> int:
 def race(work: Path, trials: int = 3, updates: int = 4) -> dict:
     from gagpo.learner.checkpoint import check_lineage
     from gagpo.learner.feed import Ledger
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     out = {
         "trials": trials,
@@ -150,7 +150,7 @@ def outage(
     import boto3
 
     from gagpo.learner.checkpoint import check_lineage
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     from tests.helpers.s3 import Emulator  # moto on a loopback port that can restart
@@ -220,7 +220,7 @@ def _mount(folder: Path, size: str) -> bool:
 
 
 def full_disk(work: Path) -> dict:
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     out: dict = {}
     disk = work / "disk-actor"

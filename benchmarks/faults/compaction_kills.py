@@ -6,7 +6,7 @@ Each round copies one store of real-shaped shards (tests' factory, with per-shar
 advantage tables and a ledger for half of them), starts `gagpo compact --all` on the
 copy, kills it after a random delay within the compaction's own duration (measured
 first), then runs `gagpo compact --all` again. A round survives when afterwards:
-every group is read exactly once with the rows it had (schemas/archive.py), each ledger
+every group is read exactly once with the rows it had (storage/archive.py), each ledger
 row once, every file of archive/ is named by the newest manifest, no shard the manifest
 moved is left in the inbox, every advantage table belongs to a live file, and no
 temporary file is left. Prints one line per round and the count.
@@ -36,7 +36,7 @@ GAGPO = str(Path(sys.executable).with_name("gagpo"))
 def build(store_dir: Path, shards: int) -> None:
     from gagpo.schemas import columns as C
     from gagpo.schemas import layout
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
     from tests.helpers.steps import make_steps
 
     store = Store(str(store_dir))
@@ -70,8 +70,8 @@ def build(store_dir: Path, shards: int) -> None:
 
 def snapshot(store_dir: Path) -> tuple[pa.Table, int]:
     from gagpo.schemas import columns as C
-    from gagpo.schemas.archive import read_ledger, read_steps_table
-    from gagpo.schemas.store import Store
+    from gagpo.storage.archive import read_ledger, read_steps_table
+    from gagpo.storage.store import Store
 
     store = Store(str(store_dir))
     steps = read_steps_table(store, [C.GROUP_ID, C.TRAJ_ID, C.STEP, C.REWARD])
@@ -80,8 +80,8 @@ def snapshot(store_dir: Path) -> tuple[pa.Table, int]:
 
 
 def problems(store_dir: Path, before: pa.Table, ledger_rows: int) -> list[str]:
-    from gagpo.schemas.archive import moved_by, read_manifest, step_files
-    from gagpo.schemas.store import Store
+    from gagpo.storage.archive import moved_by, read_manifest, step_files
+    from gagpo.storage.store import Store
 
     store = Store(str(store_dir))
     out = []

@@ -116,7 +116,7 @@ def _start_on(cluster, store: Path, updates: int):
 def node_loss(work: Path, trials: int = 1, updates: int = 4) -> dict:
     from gagpo.learner.checkpoint import check_lineage
     from gagpo.learner.metrics import read_metrics
-    from gagpo.schemas.store import Store
+    from gagpo.storage.store import Store
 
     ray, cluster = _cluster(work)
     out = {"learner_node": {}, "actor_node": {}}

@@ -33,7 +33,7 @@ LAYERS = ("schemas", "envs", "actors", "pipeline", "learner", "workflows")
 SHIMS = '''
 import sys
 import gagpo.envs.endpoint as endpoint
-import gagpo.schemas.store as store
+import gagpo.storage.store as store
 from gagpo.schemas.errors import GagpoError
 
 endpoint.MAX_CHAT_BYTES = 16 << 20

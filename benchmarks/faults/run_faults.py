@@ -20,7 +20,7 @@ committed group is in the ledger exactly once and was trained (no group twice, n
 skipped); update u made version u, for every u; each version's lineage record names the
 version before it (number and id); LATEST never named an incomplete version; temporary
 files older than the bound ($GAGPO_TEMP_MAX_AGE_S) left in the store once every writer
-stopped, and after one more shard writer (the next writer sweeps them: schemas/store.py).
+stopped, and after one more shard writer (the next writer sweeps them: storage/store.py).
 Figures are printed and, with --json, written to a file (benchmarks/RESULTS.md).
 """
 
@@ -142,7 +142,7 @@ class Run:
     """One store under fire."""
 
     def __init__(self, url: str, plan: Plan, work: Path) -> None:
-        from gagpo.schemas.store import Store
+        from gagpo.storage.store import Store
 
         self.url, self.plan, self.work = url, plan, work
         self.rng = random.Random(plan.seed)

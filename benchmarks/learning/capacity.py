@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from gagpo.workflows.warmstart import (
     WarmstartConfig,
     evaluate,

@@ -90,7 +90,7 @@ def measure(store: str | Path, env: str = "") -> dict:
     """Per-version curve and advantage IQR, from the store's SQL views; the held-out
     evaluation (eval/heldout.parquet) where the recipe ran one; on Sokoban, how well the
     run's own advantages rank the solver's optimal moves (credit.py)."""
-    from gagpo.pipeline.sql import open_store_db, run_query
+    from gagpo.inspection.sql import open_store_db, run_query
 
     con = open_store_db(str(store))
     rows = run_query(
@@ -114,7 +114,7 @@ def measure(store: str | Path, env: str = "") -> dict:
     extra = {}
     heldout = Path(store) / "eval" / "heldout.parquet"
     if heldout.is_file():
-        from gagpo.schemas.store import parquet_table  # not pq.read_table (its doc)
+        from gagpo.storage.store import parquet_table  # not pq.read_table (its doc)
 
         table = parquet_table(heldout.read_bytes()).to_pydict()
         at = dict(zip([r["version"] for r in rows], steps, strict=True))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.sql import rollout
 
 SYSTEM = [101, 102, 103]  # the system prompt and task every conversation begins with

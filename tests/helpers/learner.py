@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from gagpo.learner.config import LearnerConfig
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.argv import flags
 from tests.helpers.steps import make_steps
 

@@ -15,7 +15,7 @@ from gagpo.learner.checkpoint import check_lineage
 from gagpo.learner.feed import Ledger
 from gagpo.learner.metrics import read_metrics
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 from tests.helpers.learner import ROOT, learner_cmd, run_learner, tiny_learner_args
 
 UPDATES, B = 10, 2

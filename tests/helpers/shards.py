@@ -7,7 +7,7 @@ import pyarrow as pa
 from gagpo.learner.feed import Feed, Ledger, pipeline_advantages
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 META = {C.META_SCHEMA_VERSION: C.STEPS_SCHEMA_VERSION.encode(), C.META_GROUP_SIZE: b"3"}
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import COMPLETE, Store
+from gagpo.storage.store import COMPLETE, Store
 from tests.helpers.steps import make_steps
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -179,7 +179,7 @@ def write_histograms(store: Store) -> None:
 
 def compacted_store(root, shards: int = 8, archived: int = 5) -> Store:
     """`shards` shards of 1–2 groups (G = 3); the first `archived` compacted."""
-    from gagpo.schemas.compaction import compact
+    from gagpo.storage.compaction import compact
 
     store = Store(str(root))
     refs = []

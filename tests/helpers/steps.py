@@ -9,7 +9,7 @@ import polars as pl
 import pyarrow as pa
 
 from gagpo.schemas import columns as C
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 
 def make_steps(

@@ -6,4 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("schemas", "envs", "actors", "pipeline", "learner", "workflows")
+LAYERS = (
+    "schemas",
+    "storage",
+    "envs",
+    "actors",
+    "pipeline",
+    "inspection",
+    "learner",
+    "workflows",
+)

@@ -9,7 +9,7 @@
 
 Actors keep committing one group file per shard (the inbox: atomic, uncoordinated,
 low latency). The single writer that holds the store's lease moves consumed shards into
-segments (schemas/compaction.py), so listings cost what the unconsumed tail costs and
+segments (storage/compaction.py), so listings cost what the unconsumed tail costs and
 readers open a few large files instead of one per group.
 
 **The manifest is the truth.** Generation g+1 is created exclusively (never overwritten);
@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.errors import GagpoError, ValidationError
+from gagpo.schemas.errors import GagpoError, ValidationError, first_line
 from gagpo.schemas.layout import (  # noqa: F401  (names importers take from here)
     ARCHIVE,
     CLEARED_SUFFIX,
@@ -59,9 +59,8 @@ from gagpo.schemas.layout import (  # noqa: F401  (names importers take from her
     MOVED_SUFFIX,
     SEGMENTS,
 )
-from gagpo.schemas.retry import first_line
-from gagpo.schemas.store import ShardRef, Store, parquet_table
 from gagpo.schemas.validate import validate_footer, validate_steps
+from gagpo.storage.store import ShardRef, Store, parquet_table
 
 MANIFEST_FORMAT = 2  # 1: the moved shard ids inline (read, never written)
 READABLE_FORMATS = (1, 2)

@@ -1,4 +1,4 @@
-"""What the DuckDB connection of pipeline/sql.py may read, listed here in Python.
+"""What the DuckDB connection of inspection/sql.py may read, listed here in Python.
 
 Each source is an Arrow dataset of the store's committed files (scanned lazily by
 pyarrow, through fsspec for object stores) or a small table built here; DuckDB itself
@@ -18,12 +18,11 @@ import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.archive import StepFiles, step_files
-from gagpo.schemas.errors import ValidationError
-from gagpo.schemas.registry import is_published
-from gagpo.schemas.retry import first_line
-from gagpo.schemas.store import Store
+from gagpo.schemas.errors import ValidationError, first_line
 from gagpo.schemas.validate import validate_footer
+from gagpo.storage.archive import StepFiles, step_files
+from gagpo.storage.registry import is_published
+from gagpo.storage.store import Store
 
 ESTIMATOR = "estimator"
 
@@ -146,7 +145,7 @@ _PATTERN_CHARACTERS = frozenset("*?[]{}")
 
 def native_segments(store: Store, files: StepFiles) -> list[str] | None:
     """The archive's segments for DuckDB to read itself (`read_parquet`, allowed by path in
-    pipeline/sql.py), or None where the Arrow scan reads them: object stores (DuckDB has no
+    inspection/sql.py), or None where the Arrow scan reads them: object stores (DuckDB has no
     fsspec) and paths DuckDB would take as a pattern. Segments are the bulk of a long run's
     steps and are written, validated, by the compactor alone; DuckDB's own reader counts
     from their footers and scans them in parallel, several times faster than a scan
@@ -181,7 +180,7 @@ def inbox_files(store: Store, files: StepFiles) -> list[str]:
 
 
 def steps_files(store: Store, files: StepFiles | None = None) -> list[str]:
-    """The files of the store's steps (schemas/archive.py, the one reader): the archive's
+    """The files of the store's steps (storage/archive.py, the one reader): the archive's
     segments, then the inbox tail (`inbox_files`). Segments are written by the compactor
     alone: their footers are not read here, so a query reads a few large files and no
     dataset discovery runs footer by footer over the history."""
@@ -245,7 +244,7 @@ def estimators_table(store: Store, files: StepFiles | None = None) -> pa.Table:
 
 def policy_table(store: Store) -> pa.Table:
     """One row per version that has a folder under policy/ or that LATEST has reached:
-    published, stored (complete folder) and is_latest, as schemas/registry.py defines them.
+    published, stored (complete folder) and is_latest, as storage/registry.py defines them.
 
     Versions up to LATEST are published even when pruning removed their folders."""
     latest = store.policies.latest()

@@ -3,7 +3,7 @@
 Both write under a hidden temporary name in the destination's own folder and rename it
 into place, so a reader sees the old content or the new, never part of it, and writers
 racing on one destination never mix their bytes. A failure removes the temporary. The
-store's commit (schemas/store.py) uses the same temporary names and adds what a shared
+store's commit (storage/store.py) uses the same temporary names and adds what a shared
 store needs: fsync, retries, object stores, sweeping the leftovers of killed writers.
 """
 

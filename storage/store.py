@@ -1,7 +1,7 @@
 """The store's file layer: a root URL (local path or fsspec URL) that lists, reads and
 commits files, retries, and sweeps. What the files are called is schemas/layout.py's; the
 full layout is listed in docs/store.md ("Layout"). The policy registry (versions, LATEST,
-publishing the base policy, fetching a version) sits beside it in schemas/registry.py,
+publishing the base policy, fetching a version) sits beside it in storage/registry.py,
 reached as `store.policies`.
 
 Commit is atomic: on a local file system a file is written under a hidden temporary
@@ -11,7 +11,7 @@ committed names, so a crash never exposes a half-written file.
 
 Reliability (docs/design.md §7): listings never come from a cache (other processes add
 shards all the time); every operation on the store is retried on transient errors with
-bounded backoff (schemas/retry.py); temporary files that killed writers left behind are
+bounded backoff (storage/retry.py); temporary files that killed writers left behind are
 removed by the next writer into that folder once they are older than `temp_max_age_s`.
 """
 
@@ -41,10 +41,14 @@ from fsspec.utils import glob_translate
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.errors import GagpoError, ValidationError
-from gagpo.schemas.faults import fault_point
-from gagpo.schemas.files import TEMP_PREFIX as _TEMP_PREFIX  # one temporary name
-from gagpo.schemas.files import temporary_beside as _temporary_beside
+from gagpo.schemas.errors import (
+    GagpoError,
+    StoreFullError,
+    ValidationError,
+    first_line,
+    is_disk_full,
+    is_missing_bucket,
+)
 from gagpo.schemas.layout import (  # noqa: F401  (names some modules still import from here)
     ADVANTAGES,
     COMPLETE,
@@ -57,17 +61,12 @@ from gagpo.schemas.layout import (  # noqa: F401  (names some modules still impo
     QUARANTINE,
     SHARDS,
 )
-from gagpo.schemas.registry import PolicyRegistry
-from gagpo.schemas.retry import (
-    StoreFullError,
-    default_bound_s,
-    env_seconds,
-    first_line,
-    is_disk_full,
-    is_missing_bucket,
-    retrying,
-)
 from gagpo.schemas.validate import validate_steps
+from gagpo.storage.faults import fault_point
+from gagpo.storage.files import TEMP_PREFIX as _TEMP_PREFIX  # one temporary name
+from gagpo.storage.files import temporary_beside as _temporary_beside
+from gagpo.storage.registry import PolicyRegistry
+from gagpo.storage.retry import default_bound_s, env_seconds, retrying
 
 PARQUET_COMPRESSION = "zstd"
 # A temporary file untouched this long belongs to a killed writer: a live one writes it in
@@ -146,7 +145,7 @@ class Store:
         self.is_local = isinstance(self.fs, LocalFileSystem)
 
     def retrying(self, what: str, action):
-        """`action()`, retried on transient errors for up to `retry_s` (schemas/retry.py).
+        """`action()`, retried on transient errors for up to `retry_s` (storage/retry.py).
         A full disk or quota (ENOSPC, EDQUOT) and a bucket that does not exist are not
         outages: each is one line (StoreFullError, GagpoError) at once."""
         try:
@@ -380,7 +379,7 @@ class Store:
     @cached_property
     def policies(self) -> PolicyRegistry:
         """The policy registry beside this file layer: versions, LATEST, publish, fetch
-        (schemas/registry.py)."""
+        (storage/registry.py)."""
         return PolicyRegistry(self)
 
     # --- names (schemas/layout.py) ----------------------------------------------------
@@ -446,7 +445,7 @@ class Store:
         phase = f"commit-{posixpath.relpath(path, self.root).split('/', 1)[0]}"
         if not self.is_local:
             # Object stores: one PUT (or one completed multipart upload) is atomic.
-            fault_point(phase)  # crash tests (schemas/faults.py)
+            fault_point(phase)  # crash tests (storage/faults.py)
             self.fs.pipe_file(path, data)
             return
         os.makedirs(parent, exist_ok=True)
@@ -680,7 +679,7 @@ def _mtime(entry: dict) -> float:
     return time.time()
 
 
-_first_line = first_line  # one summary of an exception everywhere (schemas/retry.py)
+_first_line = first_line  # one summary of an exception everywhere (storage/retry.py)
 
 
 def _fsync_dir(path: str) -> None:

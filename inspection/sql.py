@@ -21,7 +21,7 @@ Confinement works by letting DuckDB touch no file but those listed here, in Pyth
 store's committed files are handed to DuckDB as Arrow datasets that pyarrow scans
 (through fsspec for object stores), except the archive's segments on a local store,
 which DuckDB reads itself (several times faster on a long run's history) through a
-registered file system that can only read them (pipeline/sql_segments.py): their
+registered file system that can only read them (inspection/sql_segments.py): their
 `gagposegment://` URLs, and nothing else, are its `allowed_paths`, since a path DuckDB
 may read it may also write. The connection runs with `enable_external_access = false`
 (no other file, no COPY, ATTACH, EXPORT, INSTALL or extension loading), Python
@@ -39,7 +39,7 @@ batches and stopped once it outgrows the memory limit. A query stopped by a limi
 one line naming the limit and its flag.
 
 This module is the connection and its limits; what DuckDB may read is listed in
-pipeline/sql_sources.py, and the views' SQL is pipeline/sql_views.py.
+inspection/sql_sources.py, and the views' SQL is inspection/sql_views.py.
 """
 
 from __future__ import annotations
@@ -58,14 +58,14 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
-from gagpo.pipeline import sql_sources as src
-from gagpo.pipeline.sql_segments import ReadOnlySegments, segment_url
-from gagpo.pipeline.sql_views import VIEWS, view_statements
+from gagpo.inspection import sql_sources as src
+from gagpo.inspection.sql_segments import ReadOnlySegments, segment_url
+from gagpo.inspection.sql_views import VIEWS, view_statements
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.archive import is_missing_file, step_files
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.archive import is_missing_file, step_files
+from gagpo.storage.store import Store
 
 # Same default as the advantage stage (docs/design.md §4); used only where no advantages exist.
 DEFAULT_GAMMA = 0.95
@@ -154,7 +154,7 @@ def open_store_db(
     memory_bytes(memory_limit)  # a clear line for a bad size, before DuckDB sees it
     filesystem = src.arrow_filesystem(store)
 
-    files = step_files(store)  # archive and inbox, each group once (schemas/archive.py)
+    files = step_files(store)  # archive and inbox, each group once (storage/archive.py)
     segments = src.native_segments(store, files)  # read by DuckDB itself, allowed by path
     spill = tempfile.mkdtemp(prefix="gagpo-sql-")  # 0700: private to this user
     # allowed_paths can be set only while external access is on: then it goes off
@@ -162,7 +162,7 @@ def open_store_db(
     config["enable_external_access"] = bool(segments)
     try:
         con = duckdb.connect(":memory:", config=config)
-        if segments:  # read through a file system without writes (pipeline/sql_segments.py)
+        if segments:  # read through a file system without writes (inspection/sql_segments.py)
             con.register_filesystem(ReadOnlySegments(segments))
             con.execute(f"SET allowed_paths = {_sql_list([segment_url(p) for p in segments])}")
             con.execute("SET enable_external_access = false")
@@ -236,7 +236,7 @@ def _sql_list(paths: list[str]) -> str:
 
 
 def as_of_groups(store: Store, update: int) -> pa.Table:
-    from gagpo.schemas.archive import groups_as_of
+    from gagpo.storage.archive import groups_as_of
 
     return groups_as_of(store, update).select([C.GROUP_ID])
 
@@ -462,7 +462,7 @@ def view_columns(con: duckdb.DuckDBPyConnection, view: str) -> list[tuple[str, s
 
 def _first_line(exc: BaseException) -> str:
     """The line that says why: the first, or the last of a Python traceback (an error
-    raised by a file system registered on the connection, pipeline/sql_segments.py)."""
+    raised by a file system registered on the connection, inspection/sql_segments.py)."""
     lines = str(exc).strip().splitlines()
     if not lines:
         return type(exc).__name__

@@ -16,15 +16,15 @@ import click
 from gagpo.schemas.errors import GagpoError
 
 if TYPE_CHECKING:
-    from gagpo.pipeline.view.data import StepOracle
+    from gagpo.inspection.view.data import StepOracle
 
 
 def sessions(specs: tuple[str, ...], gamma: float, limits) -> list:
     """One StoreSession per `--store [LABEL=]URL`, labelled as `gagpo report` labels runs."""
     from pathlib import PurePosixPath
 
-    from gagpo.pipeline.report import parse_store_spec
-    from gagpo.pipeline.view.data import StoreSession
+    from gagpo.inspection.report import parse_store_spec
+    from gagpo.inspection.view.data import StoreSession
 
     out, seen = [], set()
     for i, spec in enumerate(specs):
@@ -71,9 +71,9 @@ def serve(
     require("view", "gagpo view")
     import uvicorn
 
-    from gagpo.pipeline.sql import Limits
-    from gagpo.pipeline.view.access import is_loopback
-    from gagpo.pipeline.view.app import create_app
+    from gagpo.inspection.sql import Limits
+    from gagpo.inspection.view.access import is_loopback
+    from gagpo.inspection.view.app import create_app
 
     limits = Limits(timeout_s=timeout_s, memory_limit=memory_limit)
     stores = sessions(store_specs, gamma, limits)

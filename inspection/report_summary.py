@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gagpo.pipeline.intervals import change_line, wilson
-from gagpo.pipeline.report_figures import PER_VERSION, Run, query_rows
+from gagpo.inspection.intervals import change_line, wilson
+from gagpo.inspection.report_figures import PER_VERSION, Run, query_rows
 
 
 def _fmt(value) -> str:

@@ -6,7 +6,7 @@ colour per run in every figure. Curves are smoothed (an exponential moving avera
 the points along training) with the raw points faint behind them.
 
 This module opens the stores and writes the parts; the figures are drawn by
-pipeline/report_figures.py and summary.md is written by pipeline/report_summary.py.
+inspection/report_figures.py and summary.md is written by inspection/report_summary.py.
 
 Figures (each written only when its data exists):
     learning_curves.png   success rate and mean return against environment steps, success
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gagpo.pipeline.report_figures import (
+from gagpo.inspection.report_figures import (
     Run,
     plot_advantages,
     plot_credit_heatmap,
@@ -45,10 +45,10 @@ from gagpo.pipeline.report_figures import (
     plot_value_proxy,
     query_scalar,
 )
-from gagpo.pipeline.report_summary import summary
-from gagpo.pipeline.sql import DEFAULT_GAMMA, Limits, close_store_db, open_store_db, time_limit
+from gagpo.inspection.report_summary import summary
+from gagpo.inspection.sql import DEFAULT_GAMMA, Limits, close_store_db, open_store_db, time_limit
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 PARTS = 8  # figures + summary, for a progress bar
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")

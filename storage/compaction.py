@@ -1,4 +1,4 @@
-"""Compaction: consumed shards of the inbox become segments of the archive (schemas/archive.py).
+"""Compaction: consumed shards of the inbox become segments of the archive (storage/archive.py).
 
 Only the holder of the store's lease compacts (the learner in the background, or
 `gagpo compact`, which takes the lease): one writer of the archive, on object stores too.
@@ -38,7 +38,9 @@ import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.archive import (
+from gagpo.schemas.errors import GagpoError, ValidationError
+from gagpo.schemas.validate import check_group_owners, group_size_of, validate_steps
+from gagpo.storage.archive import (
     KEEP_MANIFESTS,
     Manifest,
     Segment,
@@ -57,16 +59,14 @@ from gagpo.schemas.archive import (
     read_manifest,
     segment_path,
 )
-from gagpo.schemas.errors import GagpoError, ValidationError
-from gagpo.schemas.faults import fault_point
-from gagpo.schemas.store import (
+from gagpo.storage.faults import fault_point
+from gagpo.storage.store import (
     PARQUET_COMPRESSION,
     ShardRef,
     Store,
     new_id,
     parquet_table,
 )
-from gagpo.schemas.validate import check_group_owners, group_size_of, validate_steps
 
 SEGMENT_MIB = 64  # a segment grows to about this many MiB of shards (memory: ~15x that, once)
 ROW_GROUP_ROWS = 16_384  # rows per Parquet row group: pushdown by group_id skips the rest

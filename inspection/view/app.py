@@ -25,12 +25,12 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from gagpo.pipeline.sql import Limits
-from gagpo.pipeline.view import data
-from gagpo.pipeline.view.access import Guard, check_bind, is_loopback
+from gagpo.inspection.sql import Limits
+from gagpo.inspection.view import data
+from gagpo.inspection.view.access import Guard, check_bind, is_loopback
 from gagpo.schemas.errors import GagpoError
 
-STATIC = "gagpo.pipeline.view"  # the package whose static/ folder holds the assets
+STATIC = "gagpo.inspection.view"  # the package whose static/ folder holds the assets
 TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -243,7 +243,7 @@ def _sql(store: data.StoreSession, query: str, limits: Limits):
 
 def _csv_text(table) -> str:
     """The result as `gagpo sql --format csv` writes it."""
-    from gagpo.pipeline.inspect_cli import render_csv
+    from gagpo.inspection.cli import render_csv
 
     return render_csv(table)
 

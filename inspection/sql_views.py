@@ -1,6 +1,6 @@
-"""The SQL of the inspection views (pipeline/sql.py opens the connection they live in).
+"""The SQL of the inspection views (inspection/sql.py opens the connection they live in).
 
-Every view reads the registered sources of pipeline/sql_sources.py (`_gagpo_<name>`) or
+Every view reads the registered sources of inspection/sql_sources.py (`_gagpo_<name>`) or
 other views; `VIEWS` says what one row of each is.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from gagpo.pipeline.sql_sources import ESTIMATOR
+from gagpo.inspection.sql_sources import ESTIMATOR
 from gagpo.schemas import columns as C
 
 # name -> what one row is; shown by `.views` in the interactive prompt and in docs.

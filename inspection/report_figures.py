@@ -1,5 +1,5 @@
 """The figures of `gagpo report`, each a function of the runs' SQL connections (the views of
-pipeline/sql.py), with the SQL it draws from beside it. pipeline/report.py says which
+inspection/sql.py), with the SQL it draws from beside it. inspection/report.py says which
 figure shows what, and writes them.
 """
 
@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gagpo.pipeline.intervals import wilson
+from gagpo.inspection.intervals import wilson
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.store import Store
+from gagpo.storage.store import Store
 
 BINS = 50  # shared histogram bins for advantage distributions
 CURVE_POINTS = 100  # shards are binned into at most this many points along training

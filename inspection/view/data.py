@@ -1,6 +1,6 @@
 """What the pages of `gagpo view` read, as plain functions over a `StoreSession`.
 
-Every read goes through the `gagpo sql` sandbox (pipeline/sql.py: `open_store_db`,
+Every read goes through the `gagpo sql` sandbox (inspection/sql.py: `open_store_db`,
 `run_query`, `query_store`), the store's one reader: a locked-down DuckDB connection over
 the store's committed files, bounded in time and memory. A session keeps one connection
 per store and opens it again after `REFRESH_S` seconds (new shards appear) or when a query
@@ -42,10 +42,8 @@ from typing import Any, Protocol
 import polars as pl
 import pyarrow as pa
 
-from gagpo.pipeline.advantages import POOL_ID, compute_advantages
-from gagpo.pipeline.config import ESTIMATOR_NAMES, parse_estimator_config
-from gagpo.pipeline.intervals import wilson
-from gagpo.pipeline.sql import (
+from gagpo.inspection.intervals import wilson
+from gagpo.inspection.sql import (
     DEFAULT_GAMMA,
     Limits,
     close_store_db,
@@ -53,9 +51,11 @@ from gagpo.pipeline.sql import (
     query_store,
     run_query,
 )
+from gagpo.pipeline.advantages import POOL_ID, compute_advantages
+from gagpo.pipeline.config import ESTIMATOR_NAMES, parse_estimator_config
 from gagpo.schemas import columns as C
-from gagpo.schemas.archive import is_missing_file
 from gagpo.schemas.errors import GagpoError
+from gagpo.storage.archive import is_missing_file
 
 REFRESH_S = 15.0  # a page opened later than this after the last one sees new shards
 ZERO = 1e-6  # |advantage| below this counts as no credit (as workflows/credit.py)

@@ -52,7 +52,7 @@ MAX_TIMEOUT_S = 1e7  # 115 days: longer is no limit, which 0 says
 
 
 def gamma_option(func):
-    """--gamma: the discount of the views' return-to-go (pipeline/sql.py `open_store_db`)."""
+    """--gamma: the discount of the views' return-to-go (inspection/sql.py `open_store_db`)."""
     return click.option(
         "--gamma",
         type=click.FloatRange(0.0, 1.0),
@@ -63,7 +63,7 @@ def gamma_option(func):
 
 
 def limit_options(func):
-    """--timeout and --memory-limit: the bounds of every query (pipeline/sql.py `Limits`)."""
+    """--timeout and --memory-limit: the bounds of every query (inspection/sql.py `Limits`)."""
     func = click.option(
         "--memory-limit",
         metavar="SIZE",
@@ -160,7 +160,7 @@ def sql_command(
         raise GagpoError("--format parquet needs --out FILE; accepted: --out result.parquet")
     if out is not None:
         _check_out(out)
-    from gagpo.pipeline.sql import Limits, close_store_db, open_store_db, query_store
+    from gagpo.inspection.sql import Limits, close_store_db, open_store_db, query_store
 
     limits = Limits(timeout_s=timeout_s, memory_limit=memory_limit)
     if query is not None:
@@ -220,8 +220,8 @@ def report_command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gagpo.pipeline.report import PARTS, parse_store_spec, write_report
-    from gagpo.pipeline.sql import Limits
+    from gagpo.inspection.report import PARTS, parse_store_spec, write_report
+    from gagpo.inspection.sql import Limits
 
     for spec in store_urls:  # before any figure is drawn: nothing written for a wrong store
         _check_store_holds_data(parse_store_spec(spec)[1])
@@ -261,7 +261,7 @@ def _check_store_holds_data(url: str) -> None:
     """A report of a folder that does not exist, or holds none of a store's folders, would
     be empty figures: one line instead."""
     from gagpo.schemas import layout
-    from gagpo.schemas.store import LEARNER, POLICY, SHARDS, Store
+    from gagpo.storage.store import LEARNER, POLICY, SHARDS, Store
 
     store = Store(url)
     if not store.exists(store.root):
@@ -391,7 +391,7 @@ def _render_json(table) -> str:
 
 # --- interactive prompt --------------------------------------------------------------
 def _interactive(con, max_rows: int, limits=None) -> None:
-    from gagpo.pipeline.sql import describe_views, run_query
+    from gagpo.inspection.sql import describe_views, run_query
 
     tty = sys.stdin.isatty()
     if tty:

@@ -8,7 +8,7 @@ Phases: `commit-<folder>` inside every atomic commit of the store, after the tem
 file is written and before it is renamed (or PUT) into place, e.g. `commit-shards` (an
 actor committing a shard) or `commit-learner` (the learner's ledger); the learner adds
 `backward`, `checkpoint` and `publish` (learner/train.py, learner/publish.py). A
-compaction (schemas/compaction.py) passes `compact-written` (its files written, the
+compaction (storage/compaction.py) passes `compact-written` (its files written, the
 manifest not yet committed) and `compact-committed` (committed, the inbox not yet
 cleared); those count occurrences even in the learner. Unset, this costs one environment
 lookup.

@@ -1,7 +1,7 @@
 """`gagpo view`: a local, read-only web app over one store or several (docs/inspect.md).
 
     data.py     what each page reads: queries through the `gagpo sql` sandbox
-                (pipeline/sql.py, the store's one reader) and the estimators recomputed
+                (inspection/sql.py, the store's one reader) and the estimators recomputed
                 for one group (pipeline/advantages.py); no HTTP here
     access.py   who may ask: loopback by default, an access token for any other address,
                 loopback Host names only (DNS rebinding), security headers

@@ -1,6 +1,6 @@
 """The policy registry of a store: the published versions `policy/v<N>/` and the
 `policy/LATEST` pointer (docs/design.md §4), built on the store's file layer
-(schemas/store.py) and named by schemas/layout.py. Reached as `store.policies`.
+(storage/store.py) and named by schemas/layout.py. Reached as `store.policies`.
 
 A version folder is loadable once its `.complete` marker exists, and LATEST only ever
 names such a folder: the learner writes a version, marks it, then moves LATEST (learner/
@@ -32,13 +32,12 @@ import uuid
 from functools import partial
 
 from gagpo.schemas import layout
-from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.files import TEMP_PREFIX
-from gagpo.schemas.retry import is_disk_full
+from gagpo.schemas.errors import GagpoError, is_disk_full
+from gagpo.storage.files import TEMP_PREFIX
 
 
 class PolicyRegistry:
-    """The policy versions of `store` (a schemas/store.py `Store`, which imports this
+    """The policy versions of `store` (a storage/store.py `Store`, which imports this
     module: the type is not named here, so the two modules form no import cycle)."""
 
     def __init__(self, store) -> None:
