@@ -42,10 +42,10 @@ rank takes part in the gather, rank 0 alone writes, and every rank reads the fil
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import random
 import tempfile
-import threading
 import time
 import uuid
 import warnings
@@ -60,11 +60,16 @@ from safetensors.torch import load_file, save_file
 from gagpo.learner.dist import full_optimizer_state, is_sharded, load_full_state, tied_weights
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import acquire, check_lease
-from gagpo.learner.publish import folder_bytes, is_complete, put_folder, remove_folder
+from gagpo.learner.publish import (
+    Background,
+    folder_bytes,
+    is_complete,
+    put_folder,
+    remove_folder,
+)
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.layout import STATE_LEDGER, STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
-from gagpo.storage.faults import set_thread_ordinal
 from gagpo.storage.store import Store
 
 
@@ -215,55 +220,25 @@ def save_state(
     return write_state(store, snapshot) if snapshot is not None else 0
 
 
-class StateWriter:
-    """Writes training states one at a time: in a thread (`asynchronous`) or at once. A
-    state handed over waits for the one before it; a write's error is raised by the next
-    call to `save` or `wait`. Each finished state then prunes to the newest `keep`."""
+class StateWriter(Background):
+    """Writes training states one at a time (`Background`): in a thread (`asynchronous`)
+    or at once. Each finished state then prunes to the newest `keep`."""
 
     def __init__(self, store: Store, keep: int, *, asynchronous: bool = True) -> None:
-        self.store, self.keep, self.asynchronous = store, keep, asynchronous
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._bytes = 0  # written by finished states, not yet taken by a metrics row
+        super().__init__(asynchronous=asynchronous)
+        self.store, self.keep = store, keep
 
     def save(self, snapshot: StateSnapshot) -> None:
-        self.wait()
-        if not self.asynchronous:
-            self._write(snapshot)
-            self.wait()
-            return
-        # Not a daemon: a learner that stops on an error still finishes the state it began.
-        self._thread = threading.Thread(
-            target=self._write, args=(snapshot,), name=f"gagpo-state-v{snapshot.version}"
+        self.run(
+            functools.partial(self._write, snapshot),
+            name=f"gagpo-state-v{snapshot.version}",
+            update=snapshot.record.get("update"),
         )
-        self._thread.start()
 
-    def _write(self, snapshot: StateSnapshot) -> None:
-        if self._thread is not None:  # crash tests hold "checkpoint:N" in update N's state
-            set_thread_ordinal(snapshot.record.get("update"))
-        try:
-            written = write_state(self.store, snapshot)
-            with self._lock:
-                self._bytes += written
-            prune_states(self.store, self.keep)
-        except BaseException as error:  # raised on the learner's own thread, at the next wait
-            self._error = error
-
-    def wait(self) -> None:
-        """Until the state in flight, if any, is complete."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def take_bytes(self) -> int:
-        """Bytes of the states finished since the last call."""
-        with self._lock:
-            taken, self._bytes = self._bytes, 0
-        return taken
+    def _write(self, snapshot: StateSnapshot) -> int:
+        written = write_state(self.store, snapshot)
+        prune_states(self.store, self.keep)
+        return written
 
 
 def state_versions(store: Store) -> list[int]:

@@ -142,6 +142,11 @@ class LearnerConfig(Config):
     state_async: bool = True
     """Write the training state in a thread while the next update runs (the critical path
     only copies it to CPU memory); false: write it before publishing, on the critical path."""
+    publish_async: bool = True
+    """Write each policy version in a thread while the next update runs (the critical path
+    only copies the weights to CPU memory, in `publish_dtype`); the thread moves LATEST
+    once the folder is complete, and the next publication waits for it. False: write it
+    before the next update starts. LoRA runs and a run's last version publish at once."""
     publish_dtype: Literal["auto", "fp32", "bf16"] = "auto"
     """Dtype of the published weights: auto follows `precision` (bf16 training publishes
     bf16, what actors serve on a GPU, half the bytes of fp32), or fp32 / bf16 whatever the

@@ -23,7 +23,10 @@ import posixpath
 import re
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +35,7 @@ from gagpo.learner.lease import check_lease
 from gagpo.schemas import layout
 from gagpo.schemas.errors import StoreFullError
 from gagpo.schemas.layout import LINEAGE
+from gagpo.storage.faults import set_thread_ordinal
 from gagpo.storage.store import Store
 
 if TYPE_CHECKING:
@@ -138,30 +142,71 @@ def write_version(
 
     A sharded (FSDP) model is gathered first, a collective: every rank calls this and
     only `main` writes; the files are the same as an unsharded model's."""
+    if lora is not None and lora.publish == "adapter":
+        if not main:
+            return 0
+        with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
+            folder = Path(tmp)
+            copy_tokenizer_files(base_dir, folder)
+            write_adapter(model, folder, base_dir, lora)
+            return _put_version(store, folder, version, lineage)
+    weights = take_weights(model, main=main, dtype=dtype, copy=False)
+    if not main:
+        return 0
+    return write_weights(store, model, base_dir, VersionCopy(version, 0, weights, lineage, dtype))
+
+
+@dataclass
+class VersionCopy:
+    """A policy version's weights taken on the critical path, to be written later."""
+
+    version: int
+    update: int  # the update that made it (crash tests hold "publish:<update>")
+    weights: dict[str, torch.Tensor]  # whole tensors, in the published dtype
+    lineage: dict | None
+    dtype: torch.dtype | None  # None: the master weights' own
+
+
+def take_weights(
+    model, *, main: bool = True, dtype: torch.dtype | None = None, copy: bool = True
+) -> dict[str, torch.Tensor] | None:
+    """The weights to publish, as whole tensors in `dtype` (None: the model's own) on CPU;
+    with `copy`, none of them shares memory with the live parameters (the next step
+    changes those in place while a thread writes the copy). A LoRA model gives its
+    merged weights. Sharded (FSDP), a collective: every rank calls this, `main` gets
+    the tensors, the other ranks None."""
     from gagpo.learner.dist import full_model_state, is_sharded
     from gagpo.learner.model import lora_modules, merged_state_dict
 
-    state = full_model_state(model) if is_sharded(model) else None  # FSDP: no LoRA (config)
+    sharded = is_sharded(model)
+    state = full_model_state(model) if sharded else None  # FSDP: no LoRA (config)
     if not main:
-        return 0
-    remote = store.policies.dir(version)
+        return None
+    if lora_modules(model):
+        state = merged_state_dict(model)
+    state = model.state_dict() if state is None else state
+    # A gathered state is already a CPU copy of its own; cast or copy the rest.
+    return detached_copy(state, dtype, copy=copy and not sharded)
+
+
+def write_weights(store: Store, model, base_dir: Path, version: VersionCopy) -> int:
+    """Write the folder of `version` (HF format, the tokenizer files of `base_dir`) and its
+    marker; return its bytes. `model` lends only its config and file layout: the tensors
+    are `version.weights`, so this may run in a thread while the model trains on."""
     with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
         folder = Path(tmp)
         copy_tokenizer_files(base_dir, folder)
-        if lora is not None and lora.publish == "adapter":
-            write_adapter(model, folder, base_dir, lora)
-        else:
-            if lora_modules(model):
-                state = merged_state_dict(model)
-            if dtype is not None:
-                state = cast_state(model.state_dict() if state is None else state, dtype)
-            model.save_pretrained(folder, state_dict=state)  # None: the model's own
-            if dtype is not None:
-                _declare_dtype(folder, dtype)
-        if lineage is not None:
-            (folder / LINEAGE).write_text(json.dumps(lineage))
-        written = folder_bytes(folder)
-        put_folder(store, folder, remote, phase="publish")
+        model.save_pretrained(folder, state_dict=version.weights)
+        if version.dtype is not None:
+            _declare_dtype(folder, version.dtype)
+        return _put_version(store, folder, version.version, version.lineage)
+
+
+def _put_version(store: Store, folder: Path, version: int, lineage: dict | None) -> int:
+    if lineage is not None:
+        (folder / LINEAGE).write_text(json.dumps(lineage))
+    written = folder_bytes(folder)
+    put_folder(store, folder, store.policies.dir(version), phase="publish")
     return written
 
 
@@ -172,19 +217,22 @@ def point_latest(store: Store, version: int, keep: int, keep_every: int = 0) -> 
     prune_versions(store, keep, keep_every)
 
 
-def cast_state(state: dict, dtype: torch.dtype) -> dict:
-    """Floating tensors of `state` cast to `dtype`. Tensors that share storage (tied
+def detached_copy(state: dict, dtype: torch.dtype | None, *, copy: bool = True) -> dict:
+    """Floating tensors of `state` cast to `dtype` (None: kept) on CPU; with `copy`, every
+    tensor is a copy of its own even when nothing is cast. Tensors that share storage (tied
     embeddings) stay shared, so `save_pretrained` still writes them once."""
-    cast: dict[tuple, torch.Tensor] = {}
+    done: dict[tuple, torch.Tensor] = {}
     out = {}
     for name, tensor in state.items():
-        if not tensor.is_floating_point() or tensor.dtype == dtype:
+        cast = tensor.is_floating_point() and dtype is not None and tensor.dtype != dtype
+        if not (cast or copy):
             out[name] = tensor
             continue
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if key not in cast:
-            cast[key] = tensor.detach().to(dtype)
-        out[name] = cast[key]
+        if key not in done:
+            wanted = dtype if cast else tensor.dtype
+            done[key] = tensor.detach().to("cpu", wanted, copy=True)
+        out[name] = done[key]
     return out
 
 
@@ -219,3 +267,92 @@ def write_adapter(model, folder: Path, base_dir: Path, lora) -> None:
     config = lora_config(lora.rank, lora.alpha, lora.target_modules, lora.dropout, str(base_dir))
     config.inference_mode = True
     config.save_pretrained(str(folder))
+
+
+# --- writing off the critical path ----------------------------------------------------
+class Background:
+    """Writes one job at a time: in a thread (`asynchronous`) or at once on the caller's.
+    A job handed over first waits for the one before it; a job's error is raised on the
+    caller's thread by the next `run` or `wait`. Each job returns the bytes it wrote,
+    summed until `take_bytes`."""
+
+    def __init__(self, *, asynchronous: bool = True) -> None:
+        self.asynchronous = asynchronous
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._bytes = 0  # written by finished jobs, not yet taken by a metrics row
+
+    def run(self, job: Callable[[], int], *, name: str, update: int | None) -> None:
+        """Run `job` (after the one in flight); its fault points count as `update`'s."""
+        self.wait()
+        if not self.asynchronous:
+            self._work(job, None)
+            self.wait()
+            return
+        # Not a daemon: a learner that stops on an error still finishes what it began.
+        self._thread = threading.Thread(target=self._work, args=(job, update), name=name)
+        self._thread.start()
+
+    def _work(self, job: Callable[[], int], update: int | None) -> None:
+        if update is not None:  # crash tests hold "<phase>:N" in update N's job
+            set_thread_ordinal(update)
+        try:
+            written = job()
+            with self._lock:
+                self._bytes += written
+        except BaseException as error:  # raised on the learner's own thread, at the next wait
+            self._error = error
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> float:
+        """Until the job in flight, if any, is done; returns the seconds waited."""
+        t0 = time.perf_counter()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return time.perf_counter() - t0
+
+    def take_bytes(self) -> int:
+        """Bytes of the jobs finished since the last call."""
+        with self._lock:
+            taken, self._bytes = self._bytes, 0
+        return taken
+
+
+class Publisher(Background):
+    """Publishes policy versions in order, at most one in flight: the thread writes the
+    version's folder, commits its marker, then points LATEST at it and prunes. LATEST
+    therefore only ever moves to a complete folder, and a kill while a version is in
+    flight leaves LATEST at the one before."""
+
+    def __init__(
+        self,
+        store: Store,
+        model,
+        base_dir: Path,
+        keep: int,
+        keep_every: int = 0,
+        *,
+        asynchronous: bool = True,
+    ) -> None:
+        super().__init__(asynchronous=asynchronous)
+        self.store, self.model, self.base_dir = store, model, base_dir
+        self.keep, self.keep_every = keep, keep_every
+
+    def publish(self, version: VersionCopy) -> None:
+        self.run(
+            functools.partial(self._publish, version),
+            name=f"gagpo-publish-v{version.version}",
+            update=version.update,
+        )
+
+    def _publish(self, version: VersionCopy) -> int:
+        written = write_weights(self.store, self.model, self.base_dir, version)
+        point_latest(self.store, version.version, self.keep, self.keep_every)
+        return written
