@@ -107,3 +107,62 @@ def test_every_nth_version_is_kept_for_evaluation(store_dir: Path, model):
         P.publish_version(store, model, tiny_model_dir(), v, keep=2, keep_every=3)
     assert store.policies.folders() == [3, 6, 7]  # multiples of 3, and the newest 2
     assert P.prune_versions(store, keep=1) == [3, 6]  # without keep_every they go
+
+
+def test_a_publisher_writes_in_a_thread_one_version_at_a_time(store_dir: Path, monkeypatch):
+    """The copy handed over does not follow the model's next step; LATEST moves to a
+    version only once its folder is complete; the next version waits for the one in
+    flight; a failed write leaves LATEST where it was and is raised at the next wait."""
+    import threading
+
+    model = load_model(tiny_model_dir(), torch.device("cpu"))  # its own: changed below
+    store = Store(str(store_dir))
+    store.policies.set_latest(0)
+    release = {1: threading.Event(), 2: threading.Event()}
+    write = P.write_weights
+
+    def held(store_, model_, base_dir, version):
+        release[version.version].wait(timeout=60)
+        return write(store_, model_, base_dir, version)
+
+    monkeypatch.setattr(P, "write_weights", held)
+    publisher = P.Publisher(store, model, tiny_model_dir(), keep=5)
+    before = P.take_weights(model, dtype=torch.bfloat16)
+    publisher.publish(P.VersionCopy(1, 1, before, {"version": 1}, torch.bfloat16))
+    with torch.no_grad():  # the next update changes the weights in place meanwhile
+        for p in model.parameters():
+            p.add_(1.0)
+    assert publisher.busy() and store.policies.latest() == 0
+    second = P.VersionCopy(2, 2, P.take_weights(model), {"version": 2}, None)
+    handed = threading.Thread(target=publisher.publish, args=(second,))
+    handed.start()
+    handed.join(timeout=0.5)
+    assert handed.is_alive()  # at most one version in flight: v2 waits for v1
+    assert not P.is_complete(store, store.policies.dir(2))
+    release[1].set()
+    handed.join(timeout=60)
+    assert store.policies.latest() == 1
+    published = load_file_tensors(store.policies.dir(1))
+    for name, values in published.items():
+        assert torch.equal(values, before[name]), name  # the copy, not the changed weights
+    release[2].set()
+    assert publisher.wait() >= 0 and store.policies.latest() == 2
+    assert publisher.take_bytes() > 0 and publisher.take_bytes() == 0
+
+    def killed(phase: str) -> None:
+        if phase == "publish":
+            raise RuntimeError("killed mid-write")
+
+    monkeypatch.setattr(P, "fault_point", killed)
+    release[3] = threading.Event()
+    release[3].set()
+    publisher.publish(P.VersionCopy(3, 3, P.take_weights(model), {"version": 3}, None))
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        publisher.wait()
+    assert store.policies.latest() == 2 and not P.is_complete(store, store.policies.dir(3))
+
+
+def load_file_tensors(folder: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(f"{folder}/model.safetensors")
