@@ -1,5 +1,6 @@
-"""Shipped recipes and `gagpo run`: every recipe validates, `--recipe tiny` runs end to end,
-and SIGINT stops every process `gagpo run` started without tearing a file."""
+"""Shipped recipes and `gagpo run`: every recipe validates, its dry run prints what it printed
+before (tests/data/dry_run/), `--recipe tiny` runs end to end, and SIGINT stops every
+process `gagpo run` started without tearing a file."""
 
 from __future__ import annotations
 
@@ -22,6 +23,75 @@ from tests.helpers.procs import alive
 
 GAGPO = [sys.executable, "-m", "gagpo.workflows.cli"]
 RECIPES = ("demo", "tiny", "sokoban", "household", "textworld", "alfworld")
+DRY_RUNS = Path(__file__).parent / "data" / "dry_run"
+# GAGPO_WRITE_DRY_RUN=1 rewrites the files below from the code at hand: only when a change
+# of the printed plan is meant (the files hold what the dry run printed at 70524a0).
+WRITE_DRY_RUN = "GAGPO_WRITE_DRY_RUN"
+
+
+# Flags over a shipped recipe, each dry run in a file <recipe>--<name>.txt: --actors and
+# --set reach the plan, and the warm start inherits the [actors] table as overridden.
+DRY_RUN_FLAGS = {
+    ("tiny", "flags"): [
+        "--actors", "3",
+        "--set", "actors.max_turns=7",
+        "--set", "actors.sampling.top_p=0.9",
+        "--set", "learner.loss.eps_low=0.1",
+        "--set", "run.eval_groups=0",
+    ],
+    ("demo", "no-warmstart"): ["--no-warmstart", "--set", "run.eval_every=3"],
+    ("gpu-alfworld", "shares"): [
+        "--set", "run.actor_gpu_memory=0.3",
+        "--set", "run.learner_gpus=[0,1]",
+        "--set", "actors.vllm.gpu_memory_utilization=0.5",
+    ],
+}  # fmt: skip
+
+
+def dry_run_text(recipe: str, tmp_path: Path, monkeypatch, flags=()) -> str:
+    """`gagpo run --recipe RECIPE --dry-run` as printed, with what differs between machines
+    and runs replaced by names: the Python, the recipes' folder, the store, the cache, the
+    run id. The base policy's identity (a hash of its converted weights, built on first use:
+    a minute for smollm2) is its name here, so the warm start's cache key still holds every
+    setting of the recipe's [warmstart] table and what it inherits from [actors]."""
+    from click.testing import CliRunner
+
+    from gagpo.workflows import warmstart
+    from gagpo.workflows.cli import gagpo
+
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    monkeypatch.setenv("GAGPO_CACHE", str(cache))
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the threads each process gets
+    monkeypatch.setattr(warmstart, "policy_identity", lambda policy: f"name:{policy}")
+    args = ["run", "--recipe", recipe, "--store", str(store), "--dry-run", *flags]
+    result = CliRunner().invoke(gagpo, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    text = result.output
+    for path, name in (
+        (sys.executable, "PYTHON"),
+        (str(recipe_path(recipe).parent), "RECIPES"),
+        (str(store), "STORE"),
+        (str(cache), "CACHE"),
+    ):
+        text = text.replace(path, name)
+    return re.sub(r"--run-id \S+", "--run-id RUN_ID", text)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "flags"),
+    [(name, "") for name in shipped().split(", ")] + sorted(DRY_RUN_FLAGS),
+)
+def test_the_dry_run_of_every_shipped_recipe_prints_what_it_printed_before(
+    recipe: str, flags: str, tmp_path: Path, monkeypatch
+):
+    text = dry_run_text(recipe, tmp_path, monkeypatch, DRY_RUN_FLAGS.get((recipe, flags), ()))
+    expected = DRY_RUNS / (f"{recipe}--{flags}.txt" if flags else f"{recipe}.txt")
+    if os.environ.get(WRITE_DRY_RUN):
+        expected.parent.mkdir(parents=True, exist_ok=True)
+        expected.write_text(text)
+    assert expected.is_file(), f"no {expected}: run with {WRITE_DRY_RUN}=1 to write it"
+    assert text == expected.read_text()
+    assert not (tmp_path / "store").exists()  # a dry run starts nothing
 
 
 def test_every_recipe_is_shipped_and_valid():
