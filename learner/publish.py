@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING
 from gagpo.learner.faults import fault_point
 from gagpo.learner.lease import check_lease
 from gagpo.schemas import layout
-from gagpo.schemas.errors import StoreFullError
+from gagpo.schemas.errors import GagpoError, StoreFullError
 from gagpo.schemas.layout import LINEAGE
+from gagpo.storage.delta import DeltaPublisher
 from gagpo.storage.faults import set_thread_ordinal
 from gagpo.storage.store import Store
 
@@ -50,18 +51,27 @@ def put_folder(store: Store, local_dir: str | Path, remote_dir: str, *, phase: s
     """Upload every file of `local_dir` to `remote_dir`, then commit `.complete`. A full
     disk removes the partial folder: nothing of it is left, and nothing points at it."""
     store.remove(remote_dir, recursive=True)  # an earlier attempt that never completed
-    store.makedirs(remote_dir)
     try:
-        for name in sorted(os.listdir(local_dir)):
-            source, dest = os.path.join(local_dir, name), posixpath.join(remote_dir, name)
-            store.retrying(f"uploading {dest}", functools.partial(store.fs.put_file, source, dest))
-        store.make_readable(remote_dir)  # 0644/0755: actors may run as other users
+        upload_files(store, local_dir, remote_dir)
         fault_point(phase)
-        marker = {"completed_at": time.time(), "files": sorted(os.listdir(local_dir))}
-        store.commit_bytes(layout.complete(remote_dir), json.dumps(marker).encode())
+        commit_marker(store, remote_dir, sorted(os.listdir(local_dir)))
     except StoreFullError:
         store.remove(remote_dir, recursive=True)
         raise
+
+
+def upload_files(store: Store, local_dir: str | Path, remote_dir: str) -> None:
+    store.makedirs(remote_dir)
+    for name in sorted(os.listdir(local_dir)):
+        source, dest = os.path.join(local_dir, name), posixpath.join(remote_dir, name)
+        store.retrying(f"uploading {dest}", functools.partial(store.fs.put_file, source, dest))
+    store.make_readable(remote_dir)  # 0644/0755: actors may run as other users
+
+
+def commit_marker(store: Store, remote_dir: str, files: list[str]) -> None:
+    """The folder is whole: `.complete`, naming its files, committed last."""
+    marker = {"completed_at": time.time(), "files": files}
+    store.commit_bytes(layout.complete(remote_dir), json.dumps(marker).encode())
     store.make_readable(layout.complete(remote_dir))
 
 
@@ -92,6 +102,7 @@ def prune_versions(store: Store, keep: int, every: int = 0) -> list[int]:
     # v0 is the base policy the actors published: learners (and --resume) start from it.
     kept = set(complete[-keep:]) | ({latest} if latest is not None else set()) | {0}
     kept |= {v for v in complete if every and v % every == 0}
+    kept = store.policies.needed_by(kept)  # the bases a kept delta version is applied to
     newest_kept = max(kept, default=-1)
     # Incomplete folders newer than every kept version may be a publication in flight.
     doomed = [v for v in versions if v not in kept and v < newest_kept]
@@ -165,6 +176,22 @@ class VersionCopy:
     weights: dict[str, torch.Tensor]  # whole tensors, in the published dtype
     lineage: dict | None
     dtype: torch.dtype | None  # None: the master weights' own
+    shards: Shards | None = None  # FSDP: this rank's file of a sharded folder
+
+
+@dataclass(frozen=True)
+class Shards:
+    """Who writes what of a sharded version (FSDP): rank r writes the tensors it owns to
+    `shard_name(r, world)`; rank 0 also writes the rest of the folder and its index."""
+
+    rank: int
+    world: int
+    owners: dict[str, tuple[int, int]]  # tensor name → (owner rank, bytes as published)
+
+
+def shard_name(rank: int, world: int) -> str:
+    """transformers' name for file `rank` of a sharded checkpoint."""
+    return f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
 
 
 def take_weights(
@@ -189,17 +216,101 @@ def take_weights(
     return detached_copy(state, dtype, copy=copy and not sharded)
 
 
-def write_weights(store: Store, model, base_dir: Path, version: VersionCopy) -> int:
+def write_weights(
+    store: Store, model, base_dir: Path, version: VersionCopy, delta: DeltaPublisher | None = None
+) -> int:
     """Write the folder of `version` (HF format, the tokenizer files of `base_dir`) and its
     marker; return its bytes. `model` lends only its config and file layout: the tensors
-    are `version.weights`, so this may run in a thread while the model trains on."""
+    are `version.weights`, so this may run in a thread while the model trains on. With
+    `delta`, a bf16 version is written as a delta of the previous one when due."""
     with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
         folder = Path(tmp)
         copy_tokenizer_files(base_dir, folder)
         model.save_pretrained(folder, state_dict=version.weights)
         if version.dtype is not None:
             _declare_dtype(folder, version.dtype)
+        if delta is not None and getattr(version.dtype, "itemsize", 4) == 2:  # bf16 bits
+            delta.encode(folder, version.version)
         return _put_version(store, folder, version.version, version.lineage)
+
+
+def write_shard(store: Store, model, base_dir: Path, version: VersionCopy) -> int:
+    """FSDP: this rank's file of the sharded folder of `version`, uploaded in parallel with
+    the other ranks' (each holds only its own tensors: no whole-model gather). A rank
+    other than 0 then commits `.rank-<r>`; rank 0 writes config.json (the model's own
+    class, the published dtype), `model.safetensors.index.json`, the tokenizer files and
+    the lineage, waits for every rank's `.rank-<r>`, and only then commits `.complete`.
+    The folder loads as it is in transformers and vLLM. Returns the bytes written (rank
+    0: the whole folder's, the other ranks' files counted at their tensors' size)."""
+    from safetensors.torch import save_file
+
+    shards = version.shards
+    remote = store.policies.dir(version.version)
+    with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
+        folder = Path(tmp)
+        mine = folder / shard_name(shards.rank, shards.world)
+        save_file(version.weights, str(mine), metadata={"format": "pt"})
+        if shards.rank != 0:
+            upload_files(store, folder, remote)
+            store.commit_bytes(_rank_done(remote, shards.rank), b"{}")
+            return folder_bytes(folder)
+        copy_tokenizer_files(base_dir, folder)
+        _write_config(model, folder, version.dtype)
+        weight_map = {n: shard_name(o, shards.world) for n, (o, _) in sorted(shards.owners.items())}
+        total = sum(size for _, size in shards.owners.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / SHARD_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        if version.lineage is not None:
+            (folder / LINEAGE).write_text(json.dumps(version.lineage))
+        written = folder_bytes(folder)
+        files = sorted(
+            {*os.listdir(folder), *(shard_name(r, shards.world) for r in range(shards.world))}
+        )
+        try:
+            upload_files(store, folder, remote)
+            _await_ranks(store, remote, shards.world)
+            fault_point("publish")
+            commit_marker(store, remote, files)
+        except StoreFullError:
+            store.remove(remote, recursive=True)
+            raise
+    return written + sum(size for owner, size in shards.owners.values() if owner != 0)
+
+
+SHARD_INDEX = "model.safetensors.index.json"
+RANK_WAIT_S = 1800.0  # a rank that never writes its file died: torchrun stops the job
+
+
+def _rank_done(remote: str, rank: int) -> str:
+    return posixpath.join(remote, f".rank-{rank}")
+
+
+def _await_ranks(store: Store, remote: str, world: int) -> None:
+    deadline = time.monotonic() + RANK_WAIT_S
+    for rank in range(1, world):
+        while not store.exists(_rank_done(remote, rank)):
+            if time.monotonic() > deadline:
+                raise GagpoError(
+                    f"rank {rank} never wrote its file of {remote} within {RANK_WAIT_S:.0f} s"
+                )
+            time.sleep(0.05)
+
+
+def _write_config(model, folder: Path, dtype: torch.dtype | None) -> None:
+    """config.json (naming the model's own class, not FSDP's wrapper) and
+    generation_config.json, as `save_pretrained` writes them."""
+    import copy
+
+    from torch.distributed.fsdp import FSDPModule
+
+    own = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    config = copy.deepcopy(model.config)
+    config.architectures = [own.__name__]
+    config.save_pretrained(folder)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(folder)
+    _declare_dtype(folder, dtype or next(model.parameters()).dtype)
 
 
 def _put_version(store: Store, folder: Path, version: int, lineage: dict | None) -> int:
@@ -340,10 +451,12 @@ class Publisher(Background):
         keep_every: int = 0,
         *,
         asynchronous: bool = True,
+        delta_every: int = 0,
     ) -> None:
         super().__init__(asynchronous=asynchronous)
         self.store, self.model, self.base_dir = store, model, base_dir
         self.keep, self.keep_every = keep, keep_every
+        self.delta = DeltaPublisher(delta_every, keep_every) if delta_every else None
 
     def publish(self, version: VersionCopy) -> None:
         self.run(
@@ -352,7 +465,15 @@ class Publisher(Background):
             update=version.update,
         )
 
+    def write(self, version: VersionCopy) -> int:
+        """Write the folder of `version` at once, on the caller's time, not pointed at (a
+        sharded version: this rank's part of it)."""
+        if version.shards is not None:
+            return write_shard(self.store, self.model, self.base_dir, version)
+        return write_weights(self.store, self.model, self.base_dir, version, self.delta)
+
     def _publish(self, version: VersionCopy) -> int:
-        written = write_weights(self.store, self.model, self.base_dir, version)
-        point_latest(self.store, version.version, self.keep, self.keep_every)
+        written = self.write(version)
+        if version.shards is None or version.shards.rank == 0:
+            point_latest(self.store, version.version, self.keep, self.keep_every)
         return written

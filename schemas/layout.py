@@ -35,6 +35,9 @@ POLICY = "policy"
 LATEST = "LATEST"
 COMPLETE = ".complete"  # marker committed last into a folder written file by file
 LINEAGE = "lineage.json"  # policy/v<N>/: version, parent, update, ids (learner/checkpoint.py)
+DELTA = "delta.json"  # policy/v<N>/ of a delta version: its base version, the files it changes
+DELTA_SUFFIX = ".xor.zst"  # policy/v<N>/<weights file>.xor.zst: XOR with the base's, zstd
+LOADS = "loads"  # policy/loads/<run_id>-<load_id>.parquet: an actor's version loads
 LEARNER = "learner"
 LEDGER = "ledger.parquet"  # learner/ledger.parquet, and a training state's copy of it
 CHECKPOINTS = "checkpoints"
@@ -68,6 +71,8 @@ NAMES = frozenset(
         LATEST,
         COMPLETE,
         LINEAGE,
+        DELTA,
+        LOADS,
         LEARNER,
         LEDGER,
         CHECKPOINTS,
@@ -290,6 +295,23 @@ def lineage(root: str, version: int | str) -> str:
     return join(policy_dir(root, version), LINEAGE)
 
 
+def delta(folder: str) -> str:
+    """The delta record of a policy version's folder (only delta versions have one)."""
+    return join(folder, DELTA)
+
+
+def loads_dir(root: str) -> str:
+    return join(root, POLICY, LOADS)
+
+
+def loads(root: str, run_id: str, load_id: str) -> str:
+    """One actor's record of the versions it loaded (storage/registry.py `record_loads`);
+    `loads(root, "*", "*")` is the pattern of all of them. Each actor writes under its own
+    run id, so no two writers ever name the same file."""
+    name = f"{_named(run_id, 'run id')}-{_named(load_id, 'load record id')}"
+    return join(loads_dir(root), f"{name}{PARQUET}")
+
+
 # --- the learner -------------------------------------------------------------------------
 def learner_dir(root: str) -> str:
     return join(root, LEARNER)
@@ -392,6 +414,9 @@ LAYOUT: tuple[tuple[str, str], ...] = (
     (policy_dir(_S, "<N>") + "/", "published policy (HF folder or PEFT adapter)"),
     (complete(policy_dir(_S, "<N>")), "marker: the folder is complete"),
     (lineage(_S, "<N>"), "version, parent, update, ids"),
+    (delta(policy_dir(_S, "<N>")), "a delta version: its base, the files it XORs"),
+    (policy_dir(_S, "<N>") + "/<file>" + DELTA_SUFFIX, "… each weights file's XOR with the base's, zstd"),
+    (loads(_S, "<run_id>", "<id>"), "versions an actor loaded: fetch and pause seconds"),
     (latest(_S), "the newest complete version, as text"),
     (ledger(_S), "the ledger's tail: groups consumed, still in the inbox"),
     (checkpoint_dir(_S, "<N>") + "/", f"training state: {STATE_RECORD}, {STATE_TRAINER}, {LEDGER}"),

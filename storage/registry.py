@@ -23,7 +23,6 @@ held-out evaluation and the `policy_versions` SQL view (docs/design.md §3):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import posixpath
@@ -33,6 +32,7 @@ from functools import partial
 
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, is_disk_full
+from gagpo.storage import delta
 from gagpo.storage.files import TEMP_PREFIX
 
 
@@ -129,27 +129,61 @@ class PolicyRegistry:
         """The versions whose folders are complete (loadable now), ascending."""
         return [v for v in self.folders() if self.has(v)]
 
+    def is_delta(self, version: int) -> bool:
+        """Whether version `version` is stored as a delta (storage/delta.py)."""
+        return self.store.exists(layout.delta(self.dir(version)))
+
+    def base_of(self, version: int) -> int | None:
+        """The version a delta version was taken against; None for a full version."""
+        try:
+            raw = self.store.read_bytes(layout.delta(self.dir(version)))
+        except FileNotFoundError:
+            return None
+        return int(json.loads(raw)["base"])
+
+    def needed_by(self, versions: set[int]) -> set[int]:
+        """`versions` and every version their deltas are applied to, down to the nearest
+        full ones: what pruning must keep for `versions` to stay loadable."""
+        needed, todo = set(), sorted(versions)
+        while todo:
+            version = todo.pop()
+            if version in needed:
+                continue
+            needed.add(version)
+            base = self.base_of(version)
+            if base is not None:
+                todo.append(base)
+        return needed
+
     def fetch(self, version: int, cache_dir: str) -> str:
-        """A local folder holding version `version` (the folder itself for a local store;
-        else a copy under `cache_dir`, downloaded once)."""
+        """A local folder holding version `version` whole, loadable as it is (transformers,
+        vLLM, the learner's resume): a full version of a local store is its own folder; any
+        other is a copy under `cache_dir`, made once. A delta version is applied there to
+        its base, fetched the same way: an actor holding the previous version downloads the
+        delta alone, any other reader the nearest full version and the deltas after it."""
         remote = self.dir(version)
-        if self.store.is_local:
+        if self.store.is_local and not self.is_delta(version):
             return remote
         local = os.path.join(cache_dir, _safe_name(self.store.url), f"v{version}")
         if not os.path.exists(layout.complete(local)):
-            # Downloaded beside the cache folder and renamed into place whole: a reader
-            # (another actor, or this one after a kill) never sees a partial version.
+            # Built beside the cache folder and renamed into place whole: a reader (another
+            # actor, or this one after a kill) never sees a partial or unapplied version.
             staging = f"{local}.{uuid.uuid4().hex}.partial"
             try:
                 self.store.download(remote, staging)
                 if not os.path.exists(layout.complete(staging)):  # pruned meanwhile
                     raise FileNotFoundError(f"{remote} is not a complete policy version")
+                record = delta.read_record(staging)
+                if record is not None:
+                    delta.apply_folder(staging, self.fetch(int(record["base"]), cache_dir))
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
             os.makedirs(os.path.dirname(local), exist_ok=True)
-            with contextlib.suppress(OSError):  # another process finished first
+            try:
                 os.replace(staging, local)
+            except OSError:  # another process finished first: its copy is the same
+                shutil.rmtree(staging, ignore_errors=True)
         return local
 
 
