@@ -3,8 +3,13 @@
 The store as a library, in one call:
 
     import gagpo
+    import polars as pl
+
     store = gagpo.open_store("runs/demo")          # or s3://bucket/run, as_of_update=N
     store.steps().filter(pl.col("reward") > 0).collect()
+    store.sql("SELECT env, avg(success_rate) FROM groups GROUP BY env")
+
+A mistake (a missing store, a bad URL or value) raises `gagpo.GagpoError`, one line.
 
 The layers install beside this module: gagpo.schemas, gagpo.storage, gagpo.envs,
 gagpo.actors, gagpo.pipeline, gagpo.inspection, gagpo.learner, gagpo.workflows
@@ -16,7 +21,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"open_store": "gagpo.inspection.library", "StoreReader": "gagpo.inspection.library"}
+_EXPORTS = {
+    "open_store": "gagpo.inspection.library",
+    "StoreReader": "gagpo.inspection.library",
+    "GagpoError": "gagpo.schemas.errors",
+}
 __all__ = sorted(_EXPORTS)
 
 

@@ -127,6 +127,7 @@ class Limits:
 
 _TEMP_DIRS: dict[int, str] = {}  # id(connection) → its private spill folder
 _SEGMENTS: dict[int, list[str]] = {}  # id(connection) → the segments DuckDB reads itself
+_REGISTERED: dict[int, dict] = {}  # id(connection) → its Arrow sources, by registered name
 
 
 def open_store_db(
@@ -177,6 +178,7 @@ def open_store_db(
         "advantages": src.advantages_source(store, filesystem, files),
         "estimators": src.estimators_table(store, files),
         "policy": src.policy_table(store),
+        "policy_loads": src.policy_loads_source(store, filesystem),
         "learner_metrics": src.learner_metrics_source(store, filesystem),
         "learner_histograms": src.learner_histograms_table(store),
         "heldout": src.parquet_source(
@@ -186,10 +188,9 @@ def open_store_db(
         ),
     }
     as_of = _as_of_filters(store, as_of_update)
-    if as_of:
-        con.register("_gagpo_as_of_groups", as_of_groups(store, as_of_update))
+    registered = {"_gagpo_as_of_groups": as_of_groups(store, as_of_update)} if as_of else {}
     try:
-        _create_views(con, sources, segments, as_of, gamma)
+        _REGISTERED[id(con)] = _create_views(con, sources, segments, as_of, gamma, registered)
     except duckdb.Error:
         close_store_db(con)
         gone = _gone(segments or [])
@@ -200,11 +201,21 @@ def open_store_db(
 
 
 def _create_views(
-    con, sources: dict, segments: list[str] | None, as_of: dict[str, str], gamma: float
-) -> None:
+    con,
+    sources: dict,
+    segments: list[str] | None,
+    as_of: dict[str, str],
+    gamma: float,
+    registered: dict,
+) -> dict:
+    """The views over `sources`; returns what was registered on `con` (with `registered`,
+    registered here first), by name, for `store_cursor`."""
+    for name, table in registered.items():
+        con.register(name, table)
     for name, source in sources.items():
         table = f"_gagpo_{name}_all" if name in as_of else f"_gagpo_{name}"
         if name == "steps" and segments:  # the archive by DuckDB, the inbox tail by Arrow
+            registered["_gagpo_inbox"] = source
             con.register("_gagpo_inbox", source)
             urls = [segment_url(p) for p in segments]
             con.execute(
@@ -212,12 +223,26 @@ def _create_views(
                 "UNION ALL BY NAME SELECT * FROM _gagpo_inbox"
             )
         else:
+            registered[table] = source
             con.register(table, source)
         if name in as_of:  # the store as it stood after that update: a filtering view
             con.execute(f"CREATE VIEW _gagpo_{name} AS SELECT * FROM {table} WHERE {as_of[name]}")
     for statement in view_statements(gamma):
         con.execute(statement)
     con.execute("SET lock_configuration = true")
+    return registered
+
+
+def store_cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Another connection to `con`'s database, with its views: the same locked settings,
+    segments and listing of the store (inspection/library.py reads each frame through one).
+    A connection runs one query at a time, so two results read together (a join of two
+    Polars frames) need one each. The views are the database's, but the Arrow sources
+    under them are registered per connection: they are registered on the cursor again."""
+    cursor = con.cursor()
+    for name, source in _REGISTERED.get(id(con), {}).items():
+        cursor.register(name, source)
+    return cursor
 
 
 def _gone(segments: list[str]) -> GagpoError | None:
@@ -252,6 +277,7 @@ def _as_of_filters(store: Store, update: int | None) -> dict[str, str]:
         "advantages": groups,
         "learner_metrics": f'"update" <= {int(update)}',
         "policy": f"version <= {int(update)}",
+        "policy_loads": f"version <= {int(update)}",
     }
 
 
@@ -259,6 +285,7 @@ def close_store_db(con: duckdb.DuckDBPyConnection) -> None:
     """Close the connection and remove its spill folder."""
     con.close()
     _SEGMENTS.pop(id(con), None)
+    _REGISTERED.pop(id(con), None)
     spill = _TEMP_DIRS.pop(id(con), None)
     if spill:
         shutil.rmtree(spill, ignore_errors=True)
