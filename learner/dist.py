@@ -7,7 +7,7 @@ gradients are summed with one all-reduce per optimiser step — the same arithme
 without requiring equal micro-batch counts per rank. With `parallel = "fsdp"`, FSDP2
 (`fully_shard`) shards parameters, gradients and optimiser state: one unit per decoder
 layer plus the root. Its collectives run in every forward and backward, so the ranks pad
-their micro-batch lists to equal length (see `train.run_update`), and whole state dicts
+their micro-batch lists to equal length (see `update.run_update`), and whole state dicts
 are gathered by all ranks together before rank 0 writes them.
 """
 

@@ -1,14 +1,4 @@
-"""The learner: one update (docs/design.md §4, "Learner objective") and the main loop.
-
-An update takes a batch of B whole groups and makes `mini_batches` optimiser steps over
-slices of it. π_prox is the policy at the start of the update, computed without grad:
-for the first slice it equals π_θ before any step, so the first slice takes it from its
-own forward pass (detached) and only later slices need a separate no-grad pass; with
-dropout active, every slice gets the separate pass. Micro-batches accumulate gradients;
-each carries its share of the loss denominator so the sum is the loss of the slice.
-
-Under FSDP every forward and backward is a collective, so each rank pads its share of a
-slice's micro-batches to the same count with passes whose loss is multiplied by zero.
+"""The learner's main loop; one update is learner/update.py (docs/design.md §4).
 
 Per update, in this order: ledger → the training state, when due (every `state_every`
 updates: copied and handed to a writer thread) → the version's policy folder → metrics
@@ -25,12 +15,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
 from gagpo.learner import faults
-from gagpo.learner.batching import MicroBatch, plan, step_lengths
 from gagpo.learner.checkpoint import (
     Head,
     StateWriter,
@@ -44,10 +32,7 @@ from gagpo.learner.compact import Compactor
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.dist import (
     Dist,
-    all_reduce,
-    all_reduce_grads,
     broadcast_table,
-    clip_grads,
     close_dist,
     init_dist,
     is_sharded,
@@ -55,26 +40,13 @@ from gagpo.learner.dist import (
 )
 from gagpo.learner.feed import BATCH_COLUMNS, TRAINED, Batch, Feed, Ledger, pipeline_advantages
 from gagpo.learner.lease import release_lease
-from gagpo.learner.loss import gagpo_loss
-from gagpo.learner.metrics import Histogram, MetricsLog, group_staleness, staleness_counts
-from gagpo.learner.model import action_logprobs, add_lora, has_dropout, load_model, resolve_policy
-from gagpo.learner.precision import autocast_dtype
+from gagpo.learner.metrics import MetricsLog, group_staleness, staleness_counts
+from gagpo.learner.model import add_lora, load_model, resolve_policy
 from gagpo.learner.preflight import check_start
 from gagpo.learner.publish import point_latest, write_version
-from gagpo.learner.sft import sft_loss
+from gagpo.learner.update import HISTOGRAMS, run_update
 from gagpo.schemas import columns as C
 from gagpo.storage.store import Store
-
-# Sums over micro-batches (then ranks): loss terms weighted by each micro-batch's share.
-_WEIGHTED = ("loss", "pg_loss", "kl_ref", "entropy")
-_PER_ACTION = ("approx_kl", "clip_frac", "behavior_weight_mean")
-_COUNTS = ("ratio_bounded", "masked_actions", "actions", "action_tokens", "tokens", "segments")
-_MISMATCH = ("mismatch_kl", "mismatch_tokens")  # summed over same-version tokens, then divided
-HISTOGRAMS = {
-    "ratio": Histogram(0.0, 2.0),
-    "behavior_weight": Histogram(0.0, 4.0),
-    "advantage": Histogram(-4.0, 4.0),
-}
 
 
 def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig):
@@ -100,206 +72,6 @@ def lr_factor(step: int, total: int, cfg: LearnerConfig) -> float:
         0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1 - progress
     )
     return cfg.lr_final + (1 - cfg.lr_final) * decay
-
-
-def _slices(table: pa.Table, n: int) -> list[pa.Table]:
-    """`n` slices of whole groups, in batch order."""
-    groups = table[C.GROUP_ID].unique()
-    parts = np.array_split(np.arange(len(groups)), n)
-    return [table.filter(pc.is_in(table[C.GROUP_ID], groups.take(p))) for p in parts]
-
-
-def run_update(
-    model,
-    optimizer,
-    scheduler,
-    table: pa.Table,
-    *,
-    version: int,
-    cfg: LearnerConfig,
-    d: Dist,
-    pad_id: int,
-    ref_model=None,
-) -> tuple[dict, dict]:
-    """One update over `table` (BATCH_COLUMNS); returns metric sums and histogram counts."""
-    loss_cfg = cfg.loss
-    max_pos = getattr(model.config, "max_position_embeddings", 1 << 20)
-    sft = cfg.mode == "sft"  # supervised warm start (learner/sft.py): token-mean NLL, no π_prox
-    token_mean = loss_cfg.aggregation == "token_mean" or sft
-    sharded = is_sharded(model)
-    amp = autocast_dtype(cfg.precision, sharded=sharded)  # bf16 compute, fp32 master weights
-    skipped = _context_skipped(table, max_pos, d)
-    plans, real = [], []  # this rank's micro-batches per slice; how many are not padding
-    for part in _slices(table, cfg.mini_batches):
-        mbs = plan(
-            part,
-            version=version,
-            pad_id=pad_id,
-            max_positions=max_pos,
-            budget=cfg.micro_batch_tokens,
-            token_mean=token_mean,
-            merge=cfg.merge_turns,
-        )
-        mine = mbs[d.rank :: d.world]
-        padding = -(-len(mbs) // d.world) - len(mine) if sharded else 0
-        plans.append([mb.to(d.device) for mb in mine + mbs[:1] * padding])
-        real.append(len(mine))
-    prox: dict[tuple[int, int], torch.Tensor] = {}
-    if not (loss_cfg.bypass or sft):
-        separate_first = has_dropout(model)
-        model.eval()
-        with torch.no_grad():
-            for k, mbs in enumerate(plans):
-                for j, mb in enumerate(mbs):
-                    if k > 0 or separate_first:
-                        prox[k, j] = action_logprobs(model, mb, cfg.temperature, False, amp)[0]
-        if sharded:  # FSDP2 keeps the root unsharded after a forward, for the backward that
-            model.reshard()  # would follow; left so, its gradients were lost (measured)
-        model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    # Metric sums and histogram counts stay on the device; read once, after the last step.
-    zero = torch.zeros((), dtype=torch.float64, device=d.device)
-    sums = dict.fromkeys(_WEIGHTED + _PER_ACTION + _COUNTS + _MISMATCH + ("valid",), zero)
-    maxima = dict.fromkeys(("behavior_weight_max", "mismatch_max_abs"), zero)
-    hist = {
-        k: torch.zeros(h.bins, dtype=torch.long, device=d.device) for k, h in HISTOGRAMS.items()
-    }
-    grad_norms = []
-    for k, mbs in enumerate(plans):
-        for j, mb in enumerate(mbs):
-            logp, entropy = action_logprobs(
-                model, mb, cfg.temperature, loss_cfg.entropy_coef > 0, amp
-            )
-            logp_prox = prox.get((k, j), logp.detach())
-            logp_ref = None
-            if ref_model is not None:
-                with torch.no_grad():
-                    logp_ref = action_logprobs(ref_model, mb, cfg.temperature, False, amp)[0]
-            if sft:
-                loss, m = sft_loss(logp, mb.action_mask)
-            else:
-                loss, m = gagpo_loss(
-                    logp,
-                    logp_prox,
-                    mb.logp_behav,
-                    mb.action_mask,
-                    mb.advantages,
-                    loss_cfg,
-                    logp_ref=logp_ref,
-                    entropy=entropy,
-                )
-            if j >= real[k]:  # FSDP padding: the collectives run, the gradient is zero
-                (loss * 0.0).backward()
-                continue
-            (loss * mb.weight).backward()
-            _accumulate(sums, hist, m, mb)
-            maxima["behavior_weight_max"] = torch.maximum(
-                maxima["behavior_weight_max"], m["behavior_weight_max"].double()
-            )
-            if not sft and (k == 0 or not loss_cfg.bypass):  # logp_prox: the policy at `version`
-                maxima["mismatch_max_abs"] = torch.maximum(
-                    maxima["mismatch_max_abs"], _mismatch(sums, mb, logp_prox)
-                )
-        faults.fault_point("backward")  # test hook: a kill here is a kill mid-update
-        if not sharded:  # FSDP summed them in the backward pass (reduce-scatter)
-            all_reduce_grads(params, d)
-        norm = clip_grads(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        if torch.isfinite(norm):  # a non-finite gradient never reaches AdamW: the step is skipped
-            optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        grad_norms.append(float(norm))
-    # One transfer from the device for all sums, one for the maxima, one for the histograms.
-    keys = sorted(sums)
-    total = all_reduce(torch.stack([sums[k] for k in keys]).cpu(), d)
-    sums = dict(zip(keys, total.tolist(), strict=True))
-    top = dict(
-        zip(
-            maxima,
-            all_reduce(torch.stack(list(maxima.values())).cpu(), d, op="max").tolist(),
-            strict=True,
-        )
-    )
-    counts = all_reduce(torch.cat(list(hist.values())).cpu(), d)
-    hist = dict(zip(hist, counts.split([h.bins for h in HISTOGRAMS.values()]), strict=True))
-    out = {k: sums[k] / len(plans) for k in _WEIGHTED}
-    out |= {k: sums[k] / max(sums["valid"], 1.0) for k in _PER_ACTION}
-    out |= {k: int(sums[k]) for k in _COUNTS}
-    # Steps past the context are in no micro-batch: actions left out of the loss.
-    out["context_skipped"] = skipped
-    out["actions"] += skipped
-    out["masked_actions"] += skipped
-    out["behavior_weight_max"] = top["behavior_weight_max"]
-    compared = sums["mismatch_tokens"]  # none: the batch holds no action of this version
-    out["mismatch_kl"] = sums["mismatch_kl"] / compared if compared else None
-    out["mismatch_max_abs"] = top["mismatch_max_abs"] if compared else None
-    out["grad_norm"] = float(np.mean(grad_norms))
-    out["skipped_steps"] = sum(not np.isfinite(g) for g in grad_norms)
-    return out, {k: v.numpy() for k, v in hist.items()}
-
-
-def _accumulate(sums, hist, m: dict, mb: MicroBatch) -> None:
-    """Add one micro-batch's diagnostics (device tensors, `gagpo_loss` or `sft_loss`) to
-    `sums` and its terms to the histograms: the ratios and behaviour weights the loss
-    used, at its ratio level and bound (SFT has neither)."""
-    valid = m["actions"] - m["masked_actions"]
-    for key in _WEIGHTED:
-        sums[key] = sums[key] + m[key] * mb.weight
-    for key in _PER_ACTION:
-        sums[key] = sums[key] + m[key] * valid
-    sums["valid"] = sums["valid"] + valid
-    for key, value in (
-        ("ratio_bounded", m["ratio_bounded"]),
-        ("masked_actions", m["masked_actions"]),
-        ("actions", m["actions"]),
-        ("action_tokens", m["tokens"]),
-        ("tokens", mb.attention_mask.sum()),
-        ("segments", mb.segments),
-    ):
-        sums[key] = sums[key] + value
-    if "ratio" in m:
-        hist["ratio"] += HISTOGRAMS["ratio"].counts(m["ratio"], m["ratio_mask"])
-        hist["behavior_weight"] += HISTOGRAMS["behavior_weight"].counts(
-            m["behavior_weight"], m["valid"]
-        )
-    hist["advantage"] += HISTOGRAMS["advantage"].counts(mb.advantages, mb.action_mask.any(1))
-
-
-_SAID_CONTEXT: set[int] = set()  # contexts whose overlong steps were named (once a process)
-
-
-def _context_skipped(table: pa.Table, max_pos: int, d: Dist) -> int:
-    """Steps longer than the model's context: counted, and named once in a warning line.
-    They are left out of the loss, never cut: their actions were sampled on a context the
-    learner cannot encode."""
-    lengths = step_lengths(table)
-    count = int((lengths > max_pos).sum())
-    if count and d.main and max_pos not in _SAID_CONTEXT:
-        _SAID_CONTEXT.add(max_pos)
-        longest = int(lengths.max())
-        print(
-            f"warning: {count} step(s) of this batch (the longest {longest} tokens) exceed the "
-            f"policy's context, max_position_embeddings = {max_pos} tokens of prompt + action: "
-            "left out of the loss, never cut (metric context_skipped); keep the actors' "
-            "sampling.max_prompt_tokens + max_new_tokens within it",
-            file=sys.stderr,
-        )
-    return count
-
-
-def _mismatch(sums, mb: MicroBatch, logp_learner: torch.Tensor) -> torch.Tensor:
-    """Behaviour/learner mismatch on the actions generated by the learner's own version
-    (staleness 0), where the two should agree up to numerics (bf16, kernels, engine):
-    adds the k3 estimate of KL(π_behav ‖ π_learner) per token, (r − 1) − log r with
-    r = π_learner/π_behav (Schulman 2020: unbiased and ≥ 0 for tokens sampled from
-    π_behav), to `sums`, and returns max |log π_learner − log π_behav| (0 when none).
-    Masked, not indexed: no device sync."""
-    mask = mb.action_mask & (mb.staleness == 0)[:, None]  # [b, L]
-    diff = (logp_learner.detach() - mb.logp_behav).double()
-    log_r = torch.where(mask, diff, torch.zeros_like(diff)).clamp(-20, 20)  # [b, L], 0 off mask
-    sums["mismatch_kl"] = sums["mismatch_kl"] + (torch.expm1(log_r) - log_r).sum()
-    sums["mismatch_tokens"] = sums["mismatch_tokens"] + mask.sum()
-    return log_r.abs().max()
 
 
 # --- the loop ----------------------------------------------------------------------------

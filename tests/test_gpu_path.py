@@ -125,7 +125,7 @@ def test_mismatch_is_measured_on_same_version_actions_and_null_otherwise(tmp_pat
 
 def test_mismatch_grows_with_the_gap(tmp_path: Path):
     """Recorded log-probs that disagree with the learner show up as KL and max |Δ|."""
-    from gagpo.learner.train import _mismatch
+    from gagpo.learner.update import _mismatch
 
     table = recomputed_behaviour(shard_table("g0", groups=1, version=0))
     (mb,) = micro_batches(table.append_column(C.ADVANTAGE, pa.array([0.0] * table.num_rows)))

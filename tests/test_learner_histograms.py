@@ -18,7 +18,8 @@ from gagpo.learner.dist import Dist
 from gagpo.learner.feed import BATCH_COLUMNS
 from gagpo.learner.metrics import Histogram
 from gagpo.learner.model import action_logprobs, load_model
-from gagpo.learner.train import HISTOGRAMS, make_optimizer, run_update
+from gagpo.learner.train import make_optimizer
+from gagpo.learner.update import HISTOGRAMS, run_update
 from gagpo.schemas import columns as C
 from tests.helpers.learner import shard_table, tiny_model_dir
 

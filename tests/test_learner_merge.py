@@ -13,12 +13,12 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from gagpo.learner import train as train_module
+from gagpo.learner import update as update_module
 from gagpo.learner.batching import plan, segment
 from gagpo.learner.config import LearnerConfig, LossSettings
 from gagpo.learner.dist import Dist
 from gagpo.learner.model import add_lora, load_model
-from gagpo.learner.train import run_update
+from gagpo.learner.update import run_update
 from gagpo.schemas import columns as C
 from gagpo.storage.store import Store
 from tests.helpers.history import counted_once, full_history_batch, full_history_steps
@@ -116,14 +116,14 @@ def one_update(
     fall into micro-batches, for per-step rows too. So they are compared where both sides
     form one micro-batch per slice; the policy-gradient term does not depend on it."""
     seen = []
-    real_loss = train_module.gagpo_loss
+    real_loss = update_module.gagpo_loss
 
     def recording_loss(logp, logp_prox, logp_behav, mask, advantages, cfg, **kw):
         out, m = real_loss(logp, logp_prox, logp_behav, mask, advantages, cfg, **kw)
         seen.append((advantages.clone(), m["ratio"].clone(), m["behavior_weight"].clone()))
         return out, m
 
-    monkeypatch.setattr(train_module, "gagpo_loss", recording_loss)
+    monkeypatch.setattr(update_module, "gagpo_loss", recording_loss)
     cfg = LearnerConfig(
         store="unused",
         policy=str(tiny_model_dir()),
@@ -202,7 +202,7 @@ def test_a_step_past_the_context_is_left_out_never_cut(monkeypatch, capsys):
     over = pc.greater(n, 128)
     count = pc.sum(over).as_py()
     assert 0 < count < table.num_rows
-    train_module._SAID_CONTEXT.clear()
+    update_module._SAID_CONTEXT.clear()
     base = load_model(tiny_model_dir(), torch.device("cpu"))
     ref = load_model(tiny_model_dir(), torch.device("cpu")).eval().requires_grad_(False)
     whole = one_update(copy.deepcopy(base), ref, table, True, monkeypatch)
