@@ -18,6 +18,7 @@ from functools import partial
 
 import pyarrow as pa
 
+from gagpo.actors.config import ActorConfig
 from gagpo.actors.demos import DEMO_METADATA, Expert
 from gagpo.actors.policies.presets import load_policy, load_version
 from gagpo.actors.prefetch import Fetched, Prefetcher
@@ -27,7 +28,6 @@ from gagpo.actors.throttle import Throttle
 from gagpo.envs import make_env
 from gagpo.schemas import columns as C
 from gagpo.schemas.cache import policy_cache_dir
-from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.seeds import derive_seed
 from gagpo.storage.store import ShardRef, Store, new_id

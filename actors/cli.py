@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
+from gagpo.actors.config import ActorConfig
 from gagpo.envs import environment_names
 from gagpo.schemas import layout
 from gagpo.schemas.cli import config_option, run_cli, set_option
 from gagpo.schemas.cli_models import ModelOptions
-from gagpo.schemas.config import ActorConfig
 
 # Built-ins and entry points of installed packages; the registry imports no engine: cheap.
 ENV_NAMES = ", ".join(environment_names())

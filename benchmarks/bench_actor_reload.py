@@ -103,8 +103,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from gagpo.actors.actor import run_actor
+    from gagpo.actors.config import ActorConfig
     from gagpo.actors.policies.presets import load_policy
-    from gagpo.schemas.config import ActorConfig
     from gagpo.storage.store import Store
 
     server = start_s3()

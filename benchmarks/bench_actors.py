@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 import polars as pl
 
 from gagpo.actors.actor import run_actor
+from gagpo.actors.config import ActorConfig, SamplingConfig
 from gagpo.envs import make_env
-from gagpo.schemas.config import ActorConfig, SamplingConfig
 from gagpo.storage.store import Store
 
 

@@ -87,9 +87,9 @@ def play(args) -> None:
         os.environ.setdefault("DO_NOT_TRACK", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (vLLM's CPU default: most RAM)
     from gagpo.actors.actor import run_actor
+    from gagpo.actors.config import ActorConfig
     from gagpo.actors.policies.presets import load_policy
     from gagpo.envs import make_env
-    from gagpo.schemas.config import ActorConfig
 
     config = ActorConfig(
         store=args.store,

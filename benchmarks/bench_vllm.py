@@ -73,11 +73,11 @@ from pathlib import Path
 
 import torch
 
+from gagpo.actors.config import SamplingConfig, VllmSettings
 from gagpo.actors.policies.base import request_seed
 from gagpo.actors.policies.presets import load_policy, resolve_model, tiny_dir
 from gagpo.actors.prompts import build_messages
 from gagpo.envs import make_env
-from gagpo.schemas.config import SamplingConfig, VllmSettings
 
 QWEN25_15B_SHAPE = dict(
     hidden_size=1536,
@@ -203,7 +203,7 @@ def actors_loop(
     `policy/LATEST` whenever a group ends. Returns the reply tokens sampled and appends to
     `breakdown` where the time went."""
     from gagpo.actors.actor import run_actor
-    from gagpo.schemas.config import ActorConfig
+    from gagpo.actors.config import ActorConfig
 
     config = ActorConfig(
         store=store_url,

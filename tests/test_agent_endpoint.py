@@ -20,11 +20,11 @@ import polars as pl
 import pytest
 
 from gagpo.actors.actor import run_actor
+from gagpo.actors.config import ActorConfig
 from gagpo.actors.policies.base import Sample
 from gagpo.envs import check_env, make_env
 from gagpo.envs.openai_chat import RequestError, observation_key, parse_reply, read_request
 from gagpo.schemas import columns as C
-from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.store import Store
 from tests.helpers.actors import actor_config

@@ -127,7 +127,7 @@ def test_a_following_actor_commits_what_it_holds_and_waits(store_dir: Path):
     import threading
 
     from gagpo.actors.actor import run_actor
-    from gagpo.schemas.config import ActorConfig
+    from gagpo.actors.config import ActorConfig
 
     store = Store(str(store_dir))
     Feed(store, Ledger(), ADV, batch_groups=1, max_staleness=0).announce(0)

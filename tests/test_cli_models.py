@@ -12,11 +12,11 @@ from click.testing import CliRunner
 from pydantic.fields import FieldInfo
 
 from gagpo.actors import cli as actors_cli
+from gagpo.actors.config import ActorConfig
 from gagpo.learner import cli as learner_cli
 from gagpo.learner.config import LearnerConfig
 from gagpo.pipeline import cli as pipeline_cli
 from gagpo.pipeline.config import AdvantagesCommand, EstimatorConfig
-from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import nested_models, parse_sets
 from gagpo.workflows import warmstart_cli

@@ -128,7 +128,7 @@ def test_figure_and_closing_lines(sokoban_store, comparison, tmp_path):
     path = credit.credit_figure(comparison, traj, tmp_path / "credit.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    from gagpo.schemas.config import ActorConfig
+    from gagpo.actors.config import ActorConfig
     from gagpo.workflows.run import RunConfig, after_run
 
     actors = ActorConfig(store=sokoban_store, env="sokoban")
@@ -215,7 +215,8 @@ def test_heldout_table_and_change_line():
 
 
 def _demo_warmstart_config():
-    from gagpo.schemas.config import ActorConfig, load_config
+    from gagpo.actors.config import ActorConfig
+    from gagpo.schemas.config import load_config
     from gagpo.workflows.run import recipe_path, warmstart_config
 
     path = recipe_path("demo")

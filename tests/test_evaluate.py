@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gagpo.actors.config import ActorConfig
 from gagpo.schemas import columns as C
-from gagpo.schemas.config import ActorConfig
 from gagpo.storage.store import COMPLETE, Store
 from gagpo.workflows import evaluate
 from tests.helpers.steps import make_steps

@@ -247,9 +247,9 @@ class FakeVllm:
 
 
 def test_vllm_backend_asks_for_tempered_logprobs_seeds_a_group_and_reloads(monkeypatch, tmp_path):
+    from gagpo.actors.config import SamplingConfig, VllmSettings
     from gagpo.actors.policies.presets import load_policy, load_version, tiny_dir
     from gagpo.actors.policies.vllm_backend import WeightLoader
-    from gagpo.schemas.config import SamplingConfig, VllmSettings
 
     fake = FakeVllm()
     for name, module in fake.modules.items():
@@ -322,7 +322,8 @@ RECIPE = ROOT / "workflows" / "recipes" / "gpu-alfworld.toml"
 
 
 def test_gpu_recipe_is_the_papers_setup_and_refuses_an_absent_model_in_one_line(tmp_path):
-    from gagpo.schemas.config import ActorConfig, load_config
+    from gagpo.actors.config import ActorConfig
+    from gagpo.schemas.config import load_config
 
     actors = load_config(ActorConfig, RECIPE, section="actors", overrides={"store": "s"})
     learner = load_config(LearnerConfig, RECIPE, section="learner", overrides={"store": "s"})
@@ -369,8 +370,8 @@ def test_cuda_bf16_learner_trains(tmp_path: Path):
 
 def _vllm_policy(model_dir, **kwargs):
     pytest.importorskip("vllm")
+    from gagpo.actors.config import SamplingConfig
     from gagpo.actors.policies.vllm_backend import VLLMPolicy
-    from gagpo.schemas.config import SamplingConfig
 
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=16)
     return VLLMPolicy(model_dir, sampling=sampling, **kwargs)

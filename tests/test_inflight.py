@@ -21,10 +21,10 @@ import pyarrow as pa
 import pytest
 
 from gagpo.actors.actor import run_actor
+from gagpo.actors.config import ActorConfig
 from gagpo.actors.slots import Slots
 from gagpo.envs.sokoban import Sokoban
 from gagpo.schemas import columns as C
-from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.validate import ValidationError, validate_steps
 from gagpo.storage.store import Store
 from tests.helpers.actors import actors_command

@@ -10,9 +10,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from gagpo.actors.config import ActorConfig
 from gagpo.learner.config import LearnerConfig
 from gagpo.pipeline.config import EstimatorConfig
-from gagpo.schemas.config import ActorConfig, load_config
+from gagpo.schemas.config import load_config
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import merge, parse_sets, parse_value, split_sections
 

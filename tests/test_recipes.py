@@ -15,8 +15,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from gagpo.actors.config import ActorConfig
 from gagpo.learner.config import LearnerConfig
-from gagpo.schemas.config import ActorConfig, load_config
+from gagpo.schemas.config import load_config
 from gagpo.storage.store import Store
 from gagpo.workflows.run import RunConfig, recipe_path, shipped, warmstart_config
 from tests.helpers.procs import alive

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gagpo.schemas.config import ActorConfig, load_config
+from gagpo.actors.config import ActorConfig
+from gagpo.schemas.config import load_config
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.store import Store
 from gagpo.workflows.run import RunConfig

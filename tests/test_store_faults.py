@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gagpo.schemas.config import ActorConfig
+from gagpo.actors.config import ActorConfig
 from gagpo.schemas.errors import StoreUnavailableError, is_transient
 from gagpo.storage.retry import retrying
 from gagpo.storage.store import Store

@@ -19,9 +19,9 @@ import pytest
 pytest.importorskip("verifiers", reason="the verifiers extra is not installed")
 
 from gagpo.actors.actor import run_actor
+from gagpo.actors.config import ActorConfig
 from gagpo.envs import check_env
 from gagpo.schemas import columns as C
-from gagpo.schemas.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from tests.helpers.actors import actor_config
 from tests.helpers.steps import steps_of

@@ -28,12 +28,12 @@ pytest.importorskip("vllm")
 import torch
 from transformers import AutoModelForCausalLM
 
+from gagpo.actors.config import SamplingConfig, VllmSettings
 from gagpo.actors.policies import tiny
 from gagpo.actors.policies.vllm_backend import VLLMPolicy
 from gagpo.learner.config import LoraSettings
 from gagpo.learner.model import add_lora
 from gagpo.learner.publish import publish_version
-from gagpo.schemas.config import SamplingConfig, VllmSettings
 from gagpo.storage.store import Store
 
 pytestmark = [
@@ -402,7 +402,7 @@ import sys
 from pathlib import Path
 
 from gagpo.actors.policies.vllm_backend import VLLMPolicy
-from gagpo.schemas.config import SamplingConfig, VllmSettings
+from gagpo.actors.config import SamplingConfig, VllmSettings
 
 if __name__ == "__main__":  # EngineCore is spawned: it imports this module again
     settings = VllmSettings(dtype="float32", enforce_eager=True, max_model_len=512)

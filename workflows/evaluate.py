@@ -19,11 +19,11 @@ import tempfile
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gagpo.actors.config import ActorConfig
 from gagpo.inspection.intervals import change_line, wilson
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.cache import policy_cache_dir
-from gagpo.schemas.config import ActorConfig
 from gagpo.storage.store import Store
 
 

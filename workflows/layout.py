@@ -28,7 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gagpo.schemas.config import GPU_MEMORY_SHARE_ENV, ActorConfig
+from gagpo.actors.config import ActorConfig
+from gagpo.schemas.config import GPU_MEMORY_SHARE_ENV
 from gagpo.schemas.errors import GagpoError
 
 SEED_STRIDE = 1_000_003  # actor i plays task seeds seed + i·stride + k: no two actors share a task

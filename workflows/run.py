@@ -21,7 +21,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from gagpo.schemas.config import ActorConfig, Config, load_config, read_toml
+from gagpo.actors.config import ActorConfig
+from gagpo.schemas.config import Config, load_config, read_toml
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import merge, parse_sets, split_sections
 from gagpo.schemas.suggest import check_keys, unknown

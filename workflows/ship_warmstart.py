@@ -31,7 +31,8 @@ from gagpo.workflows.warmstart import (
 def ship(recipe: str, *, echo=print) -> Path:
     """Build (or take from the cache) `recipe`'s warm start and write its policy, warmstart.json
     and MANIFEST into the package's warmstarts/<recipe>/, replacing what was there."""
-    from gagpo.schemas.config import ActorConfig, load_config
+    from gagpo.actors.config import ActorConfig
+    from gagpo.schemas.config import load_config
     from gagpo.workflows.run import recipe_path, warmstart_config
 
     path = recipe_path(recipe)

@@ -225,7 +225,7 @@ def record_demonstrations(cfg: WarmstartConfig, store: str):
     """`cfg.demos` expert (noisy-expert) groups as ordinary shards in `store`, prompted as
     an RL actor of `cfg.policy` would be; returns the actor's summary."""
     from gagpo.actors.actor import run_actor
-    from gagpo.schemas.config import ActorConfig, SamplingConfig
+    from gagpo.actors.config import ActorConfig, SamplingConfig
 
     return run_actor(
         ActorConfig(
@@ -289,7 +289,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Success and valid-reply rates (and mean return) of `policy` on `cfg.env`: `groups`
     groups of 4 rollouts from task `seed` on, sampled at temperature 1 as RL actors sample."""
-    from gagpo.schemas.config import ActorConfig, SamplingConfig
+    from gagpo.actors.config import ActorConfig, SamplingConfig
     from gagpo.workflows.evaluate import play
 
     actors = ActorConfig(

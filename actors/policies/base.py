@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 # One source for the sampling config: the CLI/TOML models in schemas/ own it.
-from gagpo.schemas.config import SamplingConfig
+from gagpo.actors.config import SamplingConfig
 from gagpo.schemas.seeds import derive_seed
 
 __all__ = ["PolicyBackend", "Sample", "SamplingConfig", "request_seed"]

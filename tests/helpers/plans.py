@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from gagpo.actors.config import ActorConfig
 from gagpo.learner.config import LearnerConfig
-from gagpo.schemas.config import ActorConfig, load_config
+from gagpo.schemas.config import load_config
 from gagpo.schemas.overrides import parse_sets
 from gagpo.workflows.layout import plan_run
 from gagpo.workflows.run import RunConfig, recipe_path
