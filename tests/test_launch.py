@@ -1,14 +1,18 @@
 """The launcher contract of `gagpo run` (workflows/launch.py): both launchers hold it, the
-`--ray` argument picks one, and the local one ends every process it started."""
+`--ray` argument picks one, and the local one ends every process it started; the child
+process both launchers start their processes with (workflows/child.py)."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 
 import pytest
 
 from gagpo.schemas.errors import GagpoError
+from gagpo.workflows.child import Child
 from gagpo.workflows.launch import Launcher, LocalLauncher, RayLauncher, launcher_for
 from gagpo.workflows.layout import Plan, Process
 from gagpo.workflows.run import RunConfig
@@ -110,3 +114,68 @@ def test_the_credit_step_asks_the_steps_environment_for_a_step_oracle(tmp_path):
     assert oracle_env(none) is None and credit_lines(none, None, said.append) == [] == said
     [line] = credit_lines(_store(tmp_path / "c", None), None, said.append)
     assert line.startswith("credit comparison: skipped (no committed shard in ") and not said
+
+
+# --- the child process ------------------------------------------------------------------------
+
+
+class _Lines:
+    """An echo that keeps the lines, thread-safe, and says when one holds `text`."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._said = threading.Condition(self._lock)
+
+    def __call__(self, line: str) -> None:
+        with self._said:
+            self.lines.append(line)
+            self._said.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        with self._said:
+            assert self._said.wait_for(lambda: any(text in x for x in self.lines), timeout)
+
+
+def test_a_child_relays_its_lines_with_its_label_and_returns_its_code():
+    code = "import sys; print('one'); print('two', file=sys.stderr); print(); sys.exit(4)"
+    echo = _Lines()
+    child = Child(_python(code), {"GAGPO_PROBE": "x"}, echo, label="actor 1")
+    assert child.wait(timeout=60) == 4 and child.returncode == 4 and child.poll() == 4
+    child.relayed()
+    assert echo.lines == ["[actor 1] one", "[actor 1] two", "[actor 1] "]  # in order, merged
+    assert child.last_line == "two"  # the last one that says something
+    plain = _Lines()  # no label: the lines as printed, with the environment given
+    probe = Child(
+        _python("import os; print(os.environ['GAGPO_PROBE'])"), {"GAGPO_PROBE": "x"}, plain
+    )
+    assert probe.wait(timeout=60) == 0
+    probe.relayed()
+    assert plain.lines == ["x"]
+
+
+def test_stop_kills_a_child_that_ignores_sigterm_once_the_timeout_has_passed():
+    ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + (
+        "print('ready', flush=True); time.sleep(300)"
+    )
+    echo = _Lines()
+    child = Child(_python(ignores), {}, echo, label="stubborn")
+    echo.wait_for("ready")
+    start = time.monotonic()
+    assert child.stop(1.0) == -signal.SIGKILL
+    assert 1.0 <= time.monotonic() - start < 30  # SIGTERM was ignored for the whole timeout
+    assert not alive(child.pid)
+
+
+def test_stop_sends_the_signal_asked_for_and_returns_the_childs_own_code():
+    handles = "import signal, sys, time\n" + (
+        "signal.signal(signal.SIGINT, lambda *_: sys.exit(7))\n"
+        "print('ready', flush=True)\ntime.sleep(300)"
+    )
+    echo = _Lines()
+    child = Child(_python(handles), {}, echo)
+    echo.wait_for("ready")
+    start = time.monotonic()
+    assert child.stop(60, signal.SIGINT) == 7
+    assert time.monotonic() - start < 30  # it ended on the signal, not on the timeout
+    assert child.stop(60) == 7  # already ended: nothing sent, the same code

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 
@@ -13,7 +12,7 @@ from tests.helpers.steps import make_steps
 
 
 def test_run_relays_each_process_with_its_label():
-    from gagpo.workflows.launch import _labelled
+    from gagpo.workflows.child import Child
 
     lines: list[str] = []
     lock = threading.Lock()
@@ -23,7 +22,7 @@ def test_run_relays_each_process_with_its_label():
             lines.append(line)
 
     code = "import sys; print('one'); print('two', file=sys.stderr)"
-    proc = _labelled([sys.executable, "-c", code], dict(os.environ), "actor 1", echo)
+    proc = Child([sys.executable, "-c", code], {}, echo, label="actor 1")
     assert proc.wait(timeout=60) == 0
     for _ in range(100):  # the relay thread drains the pipe after the exit
         if len(lines) == 2:

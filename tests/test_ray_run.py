@@ -20,9 +20,11 @@ import pytest
 
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.store import Store
-from gagpo.workflows import ray_run
+from gagpo.workflows import ray_run, ray_supervisor
 from gagpo.workflows.layout import SEED_STRIDE, Plan, Process
+from gagpo.workflows.ray_host import restarted_command, resumed_command
 from gagpo.workflows.ray_placement import RankPlace, check_cluster, place, rendezvous
+from gagpo.workflows.ray_restarts import event, restarts_text
 from tests.helpers.procs import alive, processes_naming
 from tests.helpers.ray_procs import GAGPO, QUICK, Run, ray_scratch
 
@@ -31,8 +33,8 @@ from tests.helpers.ray_procs import GAGPO, QUICK, Run, ray_scratch
 
 def test_a_restarted_actor_plays_a_fresh_run_and_seeds_no_one_else_plays():
     cmd = ["py", "-m", "gagpo.actors.cli", "--run-id", "r0", "--seed", str(7 + SEED_STRIDE), "--x"]
-    assert ray_run.restarted_command(cmd, 0, 3, "new") == cmd
-    again = ray_run.restarted_command(cmd, 2, 3, "r2")
+    assert restarted_command(cmd, 0, 3, "new") == cmd
+    again = restarted_command(cmd, 2, 3, "r2")
     assert again[again.index("--run-id") + 1] == "r2"
     seed = int(again[again.index("--seed") + 1])
     assert seed == 7 + SEED_STRIDE + 2 * 3 * SEED_STRIDE  # actor 1, incarnation 2, 3 actors
@@ -42,12 +44,12 @@ def test_a_restarted_actor_plays_a_fresh_run_and_seeds_no_one_else_plays():
 
 
 def test_a_restarted_learner_resumes():
-    assert ray_run.resumed_command(["l", "--store", "s"]) == ["l", "--store", "s", "--resume"]
-    assert ray_run.resumed_command(["l", "--resume"]) == ["l", "--resume"]
+    assert resumed_command(["l", "--store", "s"]) == ["l", "--store", "s", "--resume"]
+    assert resumed_command(["l", "--resume"]) == ["l", "--resume"]
 
 
 class _FakeCluster:
-    """What _give_up_placing asks of Ray: free resources, and kills."""
+    """What give_up_placing asks of Ray: free resources, and kills."""
 
     def __init__(self):
         self.killed = []
@@ -65,12 +67,12 @@ def test_an_actor_no_node_holds_is_lost_not_replaced_and_counted_apart():
     from gagpo.workflows.run import RunConfig
 
     fake = _FakeCluster()
-    waiting = ray_run._Held("actor 1", "host-1", bundle=1, incarnation=1)
+    waiting = ray_supervisor.Held("actor 1", "host-1", bundle=1, incarnation=1)
     waiting.placing = (time.monotonic() - 11.0, "its node 1a2b3c4d was lost", "RUN1")
-    fresh = ray_run._Held("actor 0", "host-0", incarnation=1)
+    fresh = ray_supervisor.Held("actor 0", "host-0", incarnation=1)
     fresh.placing = (time.monotonic(), "its Ray actor died", "RUN0")
     events, lines = [], []
-    ray_run._give_up_placing(
+    ray_supervisor.give_up_placing(
         fake, [waiting, fresh], RunConfig(place_timeout_s=10.0), lines.append, events
     )
     assert waiting.gone and waiting.placing is None and fake.killed == ["host-1"]
@@ -83,10 +85,10 @@ def test_an_actor_no_node_holds_is_lost_not_replaced_and_counted_apart():
     assert (lost["process"], lost["replaced"]) == ("actor 1", False)
     assert lost["cause"] == "its node 1a2b3c4d was lost; no node could hold it within 10 s"
     events += [
-        ray_run._event("actor 0", 1, "R", "its Ray actor died"),
-        ray_run._event("learner", 1, None, "rank 0: its node 1a2b3c4d was lost"),
+        event("actor 0", 1, "R", "its Ray actor died"),
+        event("learner", 1, None, "rank 0: its node 1a2b3c4d was lost"),
     ]
-    assert ray_run._restarts_text(events) == (
+    assert restarts_text(events) == (
         "ray: 1 actor restart(s), 1 learner restart(s), 1 lost (not replaced) "
         "(actor 0 ×1, learner ×1; lost: actor 1)"
     )
@@ -214,13 +216,14 @@ class _FakeRay:
 
 
 def test_a_local_store_no_other_node_sees_is_refused(tmp_path, monkeypatch):
+    store = Store(str(tmp_path / "s"))
     monkeypatch.setattr(ray_run, "_probe_nodes", lambda ray, nodes, probe: [True, False])
     with pytest.raises(GagpoError, match="is a local path but the Ray cluster has 2 nodes"):
-        ray_run.check_store_shared(_FakeRay(2), str(tmp_path / "s"))
+        ray_run.check_store_shared(_FakeRay(2), store)
     assert not list((tmp_path / "s").glob(".ray-probe-*"))  # the probe file is removed
     monkeypatch.setattr(ray_run, "_probe_nodes", lambda ray, nodes, probe: [True, True])
-    ray_run.check_store_shared(_FakeRay(2), str(tmp_path / "s"))  # a shared file system
-    ray_run.check_store_shared(_FakeRay(1), str(tmp_path / "s"))  # one node: anything goes
+    ray_run.check_store_shared(_FakeRay(2), store)  # a shared file system
+    ray_run.check_store_shared(_FakeRay(1), store)  # one node: anything goes
 
 
 # --- real Ray -------------------------------------------------------------------------------

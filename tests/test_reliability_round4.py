@@ -257,7 +257,7 @@ def test_a_run_whose_actors_fail_ends_with_their_line(tmp_path):
 def test_a_process_a_ray_host_starts_can_be_stopped_with_sigint():
     """Ray starts its workers with SIGINT blocked, and the mask survives exec: the learner a
     host starts must get SIGINT back, or `gagpo run --ray` cannot stop it between updates."""
-    from gagpo.workflows.ray_run import _die_with_parent
+    from gagpo.workflows.child import die_with_parent
 
     probe = [
         sys.executable,
@@ -268,7 +268,7 @@ def test_a_process_a_ray_host_starts_can_be_stopped_with_sigint():
     try:
         inherited = subprocess.run(probe, capture_output=True, text=True, timeout=60).stdout
         unblocked = subprocess.run(
-            probe, capture_output=True, text=True, timeout=60, preexec_fn=_die_with_parent
+            probe, capture_output=True, text=True, timeout=60, preexec_fn=die_with_parent
         ).stdout
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)

@@ -11,24 +11,27 @@ A launcher owns the processes of a plan (workflows/layout.py) from their start t
   for data that never comes);
 - `after()` gives the lines that close the run, after its summary.
 
-`LocalLauncher` starts the processes on this machine, as children of this one, and relays
-their output with a label. `RayLauncher` places the same processes on a Ray cluster
-(workflows/ray_run.py: its own supervisor, with restarts and lost nodes).
+`LocalLauncher` starts the processes on this machine, as children of this one
+(workflows/child.py), and relays their output with a label. `RayLauncher` places the same
+processes on a Ray cluster (workflows/ray_run.py; its supervisor, with restarts and lost
+nodes, is workflows/ray_supervisor.py).
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import signal
 import subprocess
-import threading
-import time
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gagpo.schemas.errors import GagpoError
-from gagpo.schemas.signals import SIGINT_FROM_PARENT, sigint_ignored
 from gagpo.workflows import ray_run
+from gagpo.workflows.child import Child, stop_all
 from gagpo.workflows.layout import Plan, check_gpu_ids
+from gagpo.workflows.ray_restarts import restarts_line
+
+if TYPE_CHECKING:
+    from gagpo.storage.store import Store
 
 WATCH_S = 1.0  # seconds between two checks of the actors while the learner runs
 
@@ -52,9 +55,10 @@ class Launcher(Protocol):
         """The lines that close the run, after its summary."""
 
 
-def launcher_for(ray: str | None, config, store: str, run_id: str, echo) -> Launcher:
+def launcher_for(ray: str | None, config, store: Store | str, run_id: str, echo) -> Launcher:
     """The launcher of `gagpo run --ray`: None runs here; 'local' starts a Ray instance for
-    the run; 'auto' or HOST:PORT joins a running cluster."""
+    the run; 'auto' or HOST:PORT joins a running cluster. `store`: the command's opened
+    Store, or its URL (opened once, when the launcher first needs it)."""
     if ray is None:
         return LocalLauncher(config, echo)
     address = None if ray == "local" else ray
@@ -80,17 +84,15 @@ class LocalLauncher:
         return plan.describe()
 
     def run(self, plan: Plan) -> int:
-        actor_procs: list[subprocess.Popen] = []
-        learner: subprocess.Popen | None = None
+        actor_procs: list[Child] = []
+        learner: Child | None = None
         try:
             for p in plan.actors:
-                actor_procs.append(
-                    _labelled(p.command, {**os.environ, **p.env}, p.label, self.echo)
-                )
+                actor_procs.append(Child(p.command, p.env, self.echo, label=p.label))
             pids = ", ".join(str(p.pid) for p in actor_procs)
             self.echo(f"{len(actor_procs)} actor(s) started (pids {pids})")
             p = plan.learner
-            learner = _labelled(p.command, {**os.environ, **p.env}, p.label, self.echo)
+            learner = Child(p.command, p.env, self.echo, label=p.label)
             self.echo(f"learner started (pid {learner.pid})")
             while True:
                 try:
@@ -104,8 +106,8 @@ class LocalLauncher:
             # Interrupted or done: the learner finishes (SIGINT: it stops between updates,
             # nothing torn), then the actors commit their groups and exit (SIGTERM).
             if learner is not None:
-                _stop([learner], self.config.stop_timeout_s, signal.SIGINT)
-            _stop(actor_procs, self.config.stop_timeout_s, signal.SIGTERM)
+                stop_all([learner], self.config.stop_timeout_s, signal.SIGINT)
+            stop_all(actor_procs, self.config.stop_timeout_s, signal.SIGTERM)
 
     def after(self) -> list[str]:
         return []
@@ -122,62 +124,17 @@ def gpus_visible(config) -> int | None:
     return torch.cuda.device_count()
 
 
-def actors_failed(procs: list[subprocess.Popen], labels: list[str]) -> str:
+def actors_failed(procs: list[Child], labels: list[str]) -> str:
     """One line for a run whose actors have all exited with an error: each distinct last
     line they printed (their own one-line error), with the actors that printed it."""
     said: dict[str, list[str]] = {}
     for proc, label in zip(procs, labels, strict=True):
-        proc.relay.join(timeout=5)  # the last lines reach the console first
+        proc.relayed()  # the last lines reach the console first
         said.setdefault(
             f"exited with {proc.returncode}: {proc.last_line or 'no output'}", []
         ).append(label)
     why = "; ".join(f"{', '.join(who)} {what}" for what, who in said.items())
     return f"every actor exited with an error, so the learner was stopped; {why}"
-
-
-def _labelled(cmd: list[str], env: dict, label: str, echo) -> subprocess.Popen:
-    """Start `cmd` with its output relayed line by line, each line prefixed `[label]`, so
-    the actors and the learner read together on one console. The process keeps its relay
-    thread (`relay`) and the last line it printed (`last_line`)."""
-    ours = cmd[1:2] == ["-m"] and cmd[2].startswith("gagpo.")  # not torchrun: its own rules
-    with sigint_ignored(ours):  # ours take SIGINT back once running (SIGINT_FROM_PARENT)
-        proc = subprocess.Popen(
-            cmd,
-            env={**env, "PYTHONUNBUFFERED": "1", **({SIGINT_FROM_PARENT: "1"} if ours else {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            errors="replace",
-        )
-    proc.last_line = ""
-
-    def relay() -> None:
-        for line in proc.stdout:
-            if line.strip():
-                proc.last_line = line.strip()
-            echo(f"[{label}] {line.rstrip()}")
-
-    proc.relay = threading.Thread(target=relay, name=f"relay-{label}", daemon=True)
-    proc.relay.start()
-    return proc
-
-
-def _stop(procs: list[subprocess.Popen], timeout: float, sig: int) -> None:
-    """Send `sig` to each process we started that still runs; kill stragglers after `timeout`."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        while True:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                break
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            except KeyboardInterrupt:  # a second Ctrl-C: stop waiting politely
-                proc.kill()
 
 
 # --- on Ray ---------------------------------------------------------------------------------
@@ -187,12 +144,19 @@ class RayLauncher:
     """The plan's processes placed by Ray (`address` None: a local instance started for the
     run); the supervisor, its restarts and its clean-up are workflows/ray_run.py's."""
 
-    def __init__(self, config, echo, *, store: str, run_id: str, address: str | None):
+    def __init__(self, config, echo, *, store: Store | str, run_id: str, address: str | None):
         self.config = config
         self.echo = echo
         self.store = store
         self.run_id = run_id
         self.address = address
+
+    @functools.cached_property
+    def opened(self) -> Store:
+        """The store, opened once: not before the run needs it (a dry run never does)."""
+        from gagpo.storage.store import Store
+
+        return self.store if isinstance(self.store, Store) else Store(self.store)
 
     def check(self, plan: Plan) -> None:
         # Against the cluster's resources (or, for a local instance, this machine's),
@@ -212,8 +176,13 @@ class RayLauncher:
 
     def run(self, plan: Plan) -> int:
         return ray_run.run_on_ray(
-            plan, self.config, self.echo, address=self.address, store=self.store, run_id=self.run_id
+            plan,
+            self.config,
+            self.echo,
+            address=self.address,
+            store=self.opened,
+            run_id=self.run_id,
         )
 
     def after(self) -> list[str]:
-        return [ray_run.restarts_line(self.store, self.run_id)]  # as recorded in the store
+        return [restarts_line(self.opened, self.run_id)]  # as recorded in the store
