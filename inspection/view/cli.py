@@ -1,18 +1,22 @@
-"""`gagpo view` once parsed: check the bind and the stores, then serve the app with uvicorn.
+"""`gagpo view`: the command (`view_command`, its options written here once), and what it
+does once parsed: check the bind and the stores, then serve the app with uvicorn.
 
-The command itself (its options) is workflows/view.py, which may import the environments
-and passes their step oracle in. Starlette and uvicorn (the `view` extra) are imported
-only when it runs, so `gagpo --help` stays instant and a missing extra is one line.
+workflows/view.py builds the command with the environments' step oracle (this layer may
+not import the environments). Starlette and uvicorn (the `view` extra) are imported only
+when it runs, so `gagpo --help` stays instant and a missing extra is one line.
 """
 
 from __future__ import annotations
 
 import secrets
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
 
+from gagpo.inspection.cli import gamma_option, limit_options
+from gagpo.schemas.cli import OneLineCommand
 from gagpo.schemas.errors import GagpoError
 
 if TYPE_CHECKING:
@@ -103,3 +107,44 @@ def serve(
     finally:
         for store in stores:
             store.close()
+
+
+def view_command(oracle: Callable[[], StepOracle | None] = lambda: None) -> click.Command:
+    """The `gagpo view` command; `oracle()` gives the step oracle of the compare page,
+    called once the options are parsed (workflows/view.py: the environments')."""
+
+    @click.command(
+        "view", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]}
+    )
+    @click.option(
+        "--store",
+        "store_specs",
+        required=True,
+        multiple=True,
+        metavar="[LABEL=]URL",
+        help="Store root (local path or fsspec URL); repeat to show several runs on shared "
+        "axes (--store gagpo=runs/a --store grpo=runs/b).",
+    )
+    @click.option(
+        "--host",
+        default="127.0.0.1",
+        show_default=True,
+        help="Address to listen on. Any address but loopback needs an access token.",
+    )
+    @click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
+    @click.option(
+        "--token",
+        default=None,
+        metavar="TOKEN",
+        help="Access token every request must carry (?token=… once, then a cookie). "
+        "Generated and printed when --host is not loopback and none is given.",
+    )
+    @gamma_option
+    @limit_options
+    def view(**options) -> None:
+        """Serve a local, read-only web app over the store: the run's learning curves, each
+        group's rollouts side by side with their credit under any estimator, state pools,
+        and the SQL sandbox of `gagpo sql` (docs/inspect.md)."""
+        serve(**options, oracle=oracle())
+
+    return view
