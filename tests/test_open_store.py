@@ -34,7 +34,7 @@ from tests.helpers.steps import make_steps
 SHARDS, ARCHIVED, G = 8, 5, 3
 TAGS = ("gagpo", "grpo")
 PHASES = ("compact-written", "compact-committed")
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "store.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 class Stopped(Exception):
@@ -227,21 +227,32 @@ def test_as_of_update_is_the_clis(committed):
 
 
 # --- the documented example -----------------------------------------------------------------
-def documented_example() -> str:
-    """The Python block of docs/store.md's "Reading a store from Python"."""
-    text = DOCS.read_text()
-    section = text[text.index("**Reading a store from Python.**") :]
+def documented_example(doc: str, heading: str) -> str:
+    """The first Python block after `heading` in docs/`doc`."""
+    text = (DOCS / doc).read_text()
+    section = text[text.index(heading) :]
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
 
 
 def test_the_documented_example_answers_as_the_cli(stopped):
     store, _, _ = stopped
-    example = documented_example()
+    example = documented_example("store.md", "**Reading a store from Python.**")
     assert len(example.strip().splitlines()) <= 3
     scope: dict = {}
     exec(example.replace('"runs/a"', repr(store.url)), scope)
     assert_same_rows(scope["steps"], cli("--store", store.url, "SELECT * FROM steps"))
     assert_same_rows(scope["groups"], cli("--store", store.url, "SELECT * FROM groups"))
+
+
+def test_the_inspect_guide_example_answers_as_the_cli(committed):
+    store, _ = committed
+    example = documented_example("inspect.md", "## From Python")
+    scope: dict = {}
+    exec(example.replace('"runs/a"', repr(store.url)), scope)
+    wins = cli("--store", store.url, 'SELECT group_id, "return" FROM trajectories WHERE success')
+    assert_same_rows(scope["wins"], wins)
+    steps = cli("--store", store.url, "SELECT * FROM advantages WHERE estimator = 'gagpo'")
+    assert scope["credit"].height == steps.height > 0
 
 
 # --- reading together, the sandbox, one-line errors -------------------------------------------
