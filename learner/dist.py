@@ -213,3 +213,45 @@ def all_reduce(values: torch.Tensor, d: Dist, op: str = "sum") -> torch.Tensor:
     values = values.to(d.comm_device)
     tdist.all_reduce(values, op=tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.SUM)
     return values.cpu()
+
+
+def owned_weights(
+    model: torch.nn.Module, d: Dist, dtype: torch.dtype | None
+) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, int]]]:
+    """A sharded model's parameters and buffers split among the ranks for publication:
+    each tensor has one owner (whole tensors, balanced by bytes), which alone keeps it,
+    whole, on CPU and cast to `dtype`. A collective: every rank gathers each tensor in
+    turn (`full_tensor`) and drops those it does not own, so no rank holds more than its
+    share plus one tensor: no whole-model gather. Returns this rank's tensors and, for
+    every name, (owner, bytes as published). A tied weight appears once, under its
+    first name (`save_pretrained` writes it so)."""
+    from torch.distributed.tensor import DTensor
+
+    state = model.state_dict()
+    # A tied pair is one parameter: named_parameters gives it once, under its first name.
+    unique = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    names = [n for n in state if n in unique]
+
+    def out_dtype(t: torch.Tensor) -> torch.dtype:
+        return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+    sizes = {n: state[n].numel() * out_dtype(state[n]).itemsize for n in names}
+    load = [0] * d.world
+    layout: dict[str, tuple[int, int]] = {}
+    for name in sorted(names, key=lambda n: (-sizes[n], n)):  # largest first, to the least loaded
+        owner = min(range(d.world), key=lambda r: (load[r], r))
+        load[owner] += sizes[name]
+        layout[name] = (owner, sizes[name])
+    mine = {}
+    for name in names:  # the same order on every rank: the gathers pair up
+        tensor = state[name]
+        whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if layout[name][0] == d.rank:
+            mine[name] = whole.detach().to("cpu", out_dtype(whole), copy=True).contiguous()
+        del whole
+    return mine, {n: layout[n] for n in names}
+
+
+def barrier(d: Dist) -> None:
+    if d.world > 1:
+        tdist.barrier()

@@ -153,3 +153,78 @@ def test_fsdp_bf16_mixed_precision_keeps_fp32_master_weights():
         env={**ENV, "PORT": str(port)},
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+SHARDED_PUBLICATION = """
+import json, sys, torch, torch.distributed as dist
+from pathlib import Path
+from gagpo.learner.dist import barrier, init_dist, owned_weights, shard_model
+from gagpo.learner.model import load_model
+from gagpo.learner.publish import Publisher, Shards, VersionCopy, write_version
+from gagpo.storage.store import Store
+torch.set_num_threads(1)
+d = init_dist("cpu")
+out, dtype = Path(sys.argv[1]), {"fp32": None, "bf16": torch.bfloat16}[sys.argv[2]]
+base = Path(sys.argv[3])
+model = load_model(base, torch.device("cpu"))
+shard_model(model)
+weights, owners = owned_weights(model, d, dtype)
+(out / f"rank-{d.rank}.json").write_text(json.dumps(sorted(weights)))
+publisher = Publisher(Store(str(out / "sharded")), model, base, keep=3)
+publisher.publish(VersionCopy(1, 1, weights, {"version": 1}, dtype, Shards(d.rank, d.world, owners)))
+publisher.wait()
+barrier(d)
+if d.main:  # the same weights, unsharded, as a single process publishes them
+    whole = Store(str(out / "whole"))
+    write_version(whole, load_model(base, torch.device("cpu")), base, 1, dtype=dtype)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # torchrun's start: 40-80 s each on the shared 2-core machine
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_fsdp_ranks_publish_their_own_shards_loadable_as_one_folder(tmp_path, dtype):
+    """Under FSDP each of 2 gloo ranks writes the whole tensors it owns to its own file
+    (model-0000r-of-00002.safetensors) and no rank gathers the model; rank 0 adds the
+    index, config and tokenizer, then the marker and LATEST. The folder loads as it is
+    in transformers and holds exactly the unsharded publication's tensors."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    script = tmp_path / "publish.py"
+    script.write_text(SHARDED_PUBLICATION)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    proc = subprocess.run(
+        [*torchrun, "--nproc-per-node", "2", str(script), str(tmp_path), dtype, tiny_model_dir()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=ENV,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    sharded, whole = Store(str(tmp_path / "sharded")), Store(str(tmp_path / "whole"))
+    assert sharded.policies.latest() == 1
+    folder = tmp_path / "sharded" / "policy" / "v1"
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    files = {r: load_file(folder / f"model-0000{r + 1}-of-00002.safetensors") for r in (0, 1)}
+    mine = {r: json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)}
+    for r in (0, 1):
+        assert sorted(files[r]) == mine[r] and mine[r]  # a rank's file: its own tensors alone
+        assert {
+            n for n, f in index["weight_map"].items() if f.startswith(f"model-0000{r + 1}")
+        } == set(mine[r])
+    expected = load_file(tmp_path / "whole" / "policy" / "v1" / "model.safetensors")
+    assert whole.policies.dir(1) and set(index["weight_map"]) == set(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(files[0].get(name, files[1].get(name)), tensor), name
+    loaded = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    plain = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "whole" / "policy" / "v1", local_files_only=True
+    )
+    assert type(loaded) is type(plain)
+    for name, tensor in plain.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    config = json.loads((folder / "config.json").read_text())
+    assert config["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[dtype]
