@@ -6,6 +6,7 @@
     report.py, report_*.py    `gagpo report`: figures and a Markdown summary from the views
     intervals.py              binomial intervals of success rates
     cli.py                    the `gagpo sql` and `gagpo report` commands
+    library.py                `gagpo.open_store`: the same views as Polars frames, and sql()
     view/                     `gagpo view`: the local web app over the same views
 
 Imports schemas, storage and the advantage stage (gagpo.pipeline, to recompute a group's
