@@ -277,7 +277,6 @@ def _as_of_filters(store: Store, update: int | None) -> dict[str, str]:
         "advantages": groups,
         "learner_metrics": f'"update" <= {int(update)}',
         "policy": f"version <= {int(update)}",
-        "policy_loads": f"version <= {int(update)}",
     }
 
 

@@ -21,7 +21,7 @@ from gagpo.schemas import layout
 from gagpo.schemas.errors import ValidationError, first_line
 from gagpo.schemas.validate import validate_footer
 from gagpo.storage.archive import StepFiles, step_files
-from gagpo.storage.registry import is_published
+from gagpo.storage.registry import LOADS_SCHEMA, is_published
 from gagpo.storage.store import Store
 
 ESTIMATOR = "estimator"
@@ -276,6 +276,14 @@ def learner_metrics_source(store: Store, filesystem):
         fields += [f for name, f in usable.items() if name not in C.LEARNER_METRICS_SCHEMA.names]
         schema = pa.schema(fields)
     return parquet_source(filesystem, paths, schema)
+
+
+def policy_loads_source(store: Store, filesystem):
+    """policy/loads/*.parquet: the versions each actor loaded (storage/registry.py
+    `LoadLog`), one file per actor process."""
+    paths = committed(store, layout.loads(store.root, "*", "*"))
+    paths = readable(store, paths, LOADS_SCHEMA, "policy_loads")
+    return parquet_source(filesystem, paths, LOADS_SCHEMA)
 
 
 def learner_histograms_table(store: Store) -> pa.Table:

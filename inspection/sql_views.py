@@ -23,6 +23,7 @@ VIEWS = {
     "groups": "one group: success rate, return spread, singleton states",
     "state_pools": "one (estimator, group, state): visits, its pool under the grouping, value proxy",
     "policy_versions": "one policy version: published, stored, pruned, is_latest, what it generated",
+    "policy_loads": "one policy version one actor loaded: fetch seconds, the engine's pause",
     "learner_metrics": "one learner update: loss, KL, clipping, behaviour weights",
     "learner_histograms": "one bin of one learner histogram at one update",
     "heldout": "one evaluated policy version: success on the same held-out tasks",
@@ -102,6 +103,13 @@ def view_statements(gamma: float) -> Iterable[str]:
     yield "CREATE VIEW learner_metrics AS SELECT * FROM _gagpo_learner_metrics"
     yield "CREATE VIEW learner_histograms AS SELECT * FROM _gagpo_learner_histograms"
     yield "CREATE VIEW heldout AS SELECT * FROM _gagpo_heldout ORDER BY policy_version"
+    # The pause is what the engine lost to a version change: the drain and the load; the
+    # fetch ran beside generation (actors/prefetch.py).
+    yield """
+    CREATE VIEW policy_loads AS
+    SELECT run_id, version, fetch_s, drain_s, load_s, drain_s + load_s AS pause_s, loaded_at
+    FROM _gagpo_policy_loads ORDER BY loaded_at, run_id
+    """
     # G_t = Σ_{k≥t} γ^(k−t) r_k, as a suffix sum within fixed blocks of B steps plus the
     # next block's total (see _return_block): window sums only, exact for long rollouts.
     yield f"""

@@ -28,7 +28,10 @@ import os
 import posixpath
 import shutil
 import uuid
+from datetime import UTC, datetime
 from functools import partial
+
+import pyarrow as pa
 
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, is_disk_full
@@ -185,6 +188,48 @@ class PolicyRegistry:
             except OSError:  # another process finished first: its copy is the same
                 shutil.rmtree(staging, ignore_errors=True)
         return local
+
+
+# policy/loads/<run_id>-<id>.parquet: one row per policy version an actor loaded (issue 40).
+# fetch_s: the download (and a delta's application), overlapped with generation; drain_s +
+# load_s: the engine's pause, during which no new reply starts.
+LOADS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string()),
+        pa.field("version", pa.int64()),
+        pa.field("fetch_s", pa.float64()),
+        pa.field("drain_s", pa.float64()),
+        pa.field("load_s", pa.float64()),
+        pa.field("loaded_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+class LoadLog:
+    """One actor process's record of the policy versions it loaded, in the store: one
+    file of its own (its run id and a fresh id: no other writer names it), committed
+    again whole after each load, so a reader sees every load so far or the file before."""
+
+    def __init__(self, store, run_id: str) -> None:
+        from gagpo.storage.store import new_id  # store.py imports this module
+
+        self.store, self.run_id = store, run_id
+        self.path = layout.loads(store.root, run_id, new_id())
+        self.rows: list[dict] = []
+
+    def add(self, version: int, fetch_s: float, drain_s: float, load_s: float) -> None:
+        self.rows.append(
+            {
+                "run_id": self.run_id,
+                "version": version,
+                "fetch_s": fetch_s,
+                "drain_s": drain_s,
+                "load_s": load_s,
+                "loaded_at": datetime.now(UTC),
+            }
+        )
+        table = pa.Table.from_pylist(self.rows, schema=LOADS_SCHEMA)
+        self.store.write_parquet(table, self.path, {})
 
 
 def is_published(version: int, latest: int | None, stored: bool) -> bool:

@@ -54,7 +54,7 @@ def published(tmp_path_factory):
     for version in range(1, 8):
         adam_like_step(model, version)
         weights = P.take_weights(model, dtype=torch.bfloat16)
-        for name, publisher in publishers.items():
+        for publisher in publishers.values():
             publisher.publish(P.VersionCopy(version, version, weights, None, torch.bfloat16))
             publisher.wait()
         stored_after[version] = stores["delta"].policies.stored()
@@ -160,3 +160,17 @@ def test_odd_and_multi_chunk_files_round_trip(tmp_path, monkeypatch):
     record = D.encode_file(tmp_path / "b", tmp_path / "a", tmp_path / "d")
     D.apply_file(tmp_path / "d", tmp_path / "a", tmp_path / "out", record)
     assert (tmp_path / "out").read_bytes() == new
+
+
+def test_resume_reads_a_delta_version_whole(published, tmp_path):
+    """--resume takes LATEST's weights through the registry's fetch: the full bf16 tensors."""
+    from safetensors.torch import load_file
+
+    from gagpo.learner.checkpoint import _published_weights
+
+    stores, _, _ = published
+    weights = _published_weights(stores["delta"], 7, str(tmp_path / "cache"))
+    expected = load_file(str(Path(stores["full"].policies.dir(7)) / "model.safetensors"))
+    assert weights.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert weights[name].dtype == torch.bfloat16 and torch.equal(weights[name], tensor)
