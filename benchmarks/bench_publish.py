@@ -9,9 +9,14 @@ that every version and state differs; not timed), in two settings:
 
     before  fp32 weights with every version, and the whole training state with every
             version, written on the critical path (`--state-every 1 --no-state-async
-            --publish-dtype fp32`: the learner as it was)
-    after   the defaults when training bf16: bf16 weights, the state every 20 updates,
-            copied to CPU memory and written by a thread while the next update runs
+            --no-publish-async --publish-dtype fp32`: the learner as it was)
+    after   the defaults when training bf16: bf16 weights copied to CPU memory and
+            written by a thread (which then moves LATEST) while the next update runs;
+            the state every 20 updates, copied and written by a thread likewise
+
+An update's compute is simulated by `--update-s` seconds of sleep after the in-place
+change (a GPU's update leaves the CPU free; the writer threads need that time to finish
+before the next publication, which otherwise waits for them: that wait is counted).
 
 Per update: the critical-path seconds (publish_s + state_s, as the metrics record them)
 and the bytes written (the policy folders and states, the run's closing state
@@ -40,8 +45,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
-    "before": {"state_every": 1, "state_async": False, "publish_dtype": "fp32"},
-    "after": {"state_every": 20, "state_async": True, "publish_dtype": "auto"},
+    "before": {
+        "state_every": 1,
+        "state_async": False,
+        "publish_async": False,
+        "publish_dtype": "fp32",
+    },
+    "after": {
+        "state_every": 20,
+        "state_async": True,
+        "publish_async": True,
+        "publish_dtype": "auto",
+    },
 }
 
 
@@ -137,10 +152,16 @@ def disk_needed(params: int, setting: str) -> int:
 
 
 def run_setting(
-    policy: str, setting: str, updates: int, work: Path, device: str = "cpu", train_tokens: int = 0
+    policy: str,
+    setting: str,
+    updates: int,
+    work: Path,
+    device: str = "cpu",
+    train_tokens: int = 0,
+    update_s: float = 0.0,
 ) -> dict:
-    """`updates` commits in `setting`; between them the simulated update, or with
-    `train_tokens` a real one (timed apart: compute_s)."""
+    """`updates` commits in `setting`; between them the simulated update (lasting
+    `update_s`), or with `train_tokens` a real one (timed apart: compute_s)."""
     import torch
 
     from gagpo.learner.checkpoint import Head
@@ -194,6 +215,7 @@ def run_setting(
             real_update(model, optimizer, train_tokens)
         else:
             fake_update(model, optimizer)
+            time.sleep(max(0.0, update_s - (time.perf_counter() - t0)))
         compute.append(time.perf_counter() - t0)
         child, costs = parts.publish(head, update, ledger, last=update == updates)
         parts.point(child)
@@ -211,7 +233,7 @@ def run_setting(
         "parameters": params,
         "updates": updates,
         "device": device,
-        "compute_s_mean": statistics.mean(compute) if train_tokens else None,
+        "compute_s_mean": statistics.mean(compute) if train_tokens or update_s else None,
         "critical_s_mean": statistics.mean(critical),
         "critical_s_max": max(critical),
         "bytes_per_update": written / updates,
@@ -236,6 +258,12 @@ def main() -> None:
     parser.add_argument(
         "--settings", default="before,after", help="which settings, comma-separated"
     )
+    parser.add_argument(
+        "--update-s",
+        type=float,
+        default=0.0,
+        help="seconds each simulated update lasts (its compute; the writer threads run meanwhile)",
+    )
     args = parser.parse_args()
     policies = args.policy or ["tiny", "smollm2-135m", "qwen2.5-0.5b-shape"]
     unknown = [p for p in args.settings.split(",") if p not in SETTINGS]
@@ -251,7 +279,13 @@ def main() -> None:
         for setting in args.settings.split(","):
             with tempfile.TemporaryDirectory(prefix="gagpo-bench-publish-") as tmp:
                 pair[setting] = run_setting(
-                    policy, setting, counts[setting], Path(tmp), args.device, args.train_tokens
+                    policy,
+                    setting,
+                    counts[setting],
+                    Path(tmp),
+                    args.device,
+                    args.train_tokens,
+                    args.update_s,
                 )
             print(json.dumps(pair[setting]), file=sys.stderr, flush=True)
         if len(pair) == 2 and not any("skipped" in r for r in pair.values()):

@@ -1,10 +1,12 @@
 """The learner's main loop; one update is learner/update.py (docs/design.md §4).
 
-Per update, in this order: ledger → the training state, when due (every `state_every`
-updates: copied and handed to a writer thread) → the version's policy folder → metrics
-(with the commit's costs: publish_s, state_s, bytes_written) → LATEST
-(learner/checkpoint.py): `--resume` continues from LATEST, so versions form one lineage
-across kills.
+Per update, in this order: ledger → the previous version's publication finished → the
+training state, when due (every `state_every` updates: copied and handed to a writer
+thread) → the version's weights copied in the published dtype → metrics (with the
+commit's costs: publish_s, state_s, bytes_written) → the copy handed to the publishing
+thread, which writes the folder, then moves LATEST (learner/publish.py, `Publisher`), while
+the next update runs. `--resume` continues from LATEST (learner/checkpoint.py), so
+versions form one lineage across kills.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ from gagpo.learner.compact import Compactor
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.dist import (
     Dist,
+    barrier,
     broadcast_table,
     close_dist,
     init_dist,
     is_sharded,
+    owned_weights,
     shard_model,
 )
 from gagpo.learner.feed import BATCH_COLUMNS, TRAINED, Batch, Feed, Ledger, pipeline_advantages
@@ -43,7 +47,14 @@ from gagpo.learner.lease import release_lease
 from gagpo.learner.metrics import MetricsLog, group_staleness, staleness_counts
 from gagpo.learner.model import add_lora, load_model, resolve_policy
 from gagpo.learner.preflight import check_start
-from gagpo.learner.publish import point_latest, write_version
+from gagpo.learner.publish import (
+    Publisher,
+    Shards,
+    VersionCopy,
+    point_latest,
+    take_weights,
+    write_version,
+)
 from gagpo.learner.update import HISTOGRAMS, run_update
 from gagpo.schemas import columns as C
 from gagpo.storage.store import Store
@@ -214,14 +225,25 @@ class Parts:
         return cls(cfg, d, store, base_dir, model, *make_optimizer(model, cfg), ref)
 
     writer: StateWriter | None = None  # the main rank's
+    publisher: Publisher | None = None  # the main rank's; every rank's under FSDP
     state_version: int = 0  # the newest version whose training state was taken
+    pending: VersionCopy | None = None  # taken by `publish`, handed to the thread by `point`
 
     def __post_init__(self) -> None:
+        cfg = self.cfg
+        lora = cfg.lora.enabled  # adapters: every version, before LATEST (module doc)
         if self.dist.main:
-            lora = self.cfg.lora.enabled  # adapters: every version, before LATEST (module doc)
-            asynchronous = self.cfg.state_async and not lora
-            self.writer = StateWriter(
-                self.store, self.cfg.keep_checkpoints, asynchronous=asynchronous
+            asynchronous = cfg.state_async and not lora
+            self.writer = StateWriter(self.store, cfg.keep_checkpoints, asynchronous=asynchronous)
+        if self._takes_part:  # under FSDP every rank writes its own file of each version
+            self.publisher = Publisher(
+                self.store,
+                self.model,
+                self.base_dir,
+                cfg.keep_versions,
+                cfg.keep_every,
+                asynchronous=cfg.publish_async and not lora,
+                delta_every=cfg.publish_delta_every,
             )
 
     @property
@@ -240,33 +262,72 @@ class Parts:
     def state_due(self, update: int, last: bool) -> bool:
         return last or self.cfg.lora.enabled or update % self.cfg.state_every == 0
 
-    # Called by every rank: a sharded model is gathered by all; rank 0 alone writes.
+    def publishes_in_thread(self, last: bool) -> bool:
+        """The version goes to the writer thread (the run's last, and LoRA's, at once)."""
+        return self.cfg.publish_async and not self.cfg.lora.enabled and not last
+
+    # Called by every rank: under FSDP each writes its own tensors; otherwise rank 0 alone.
     def publish(self, head: Head, update: int, ledger: Ledger | None, last: bool) -> tuple:
-        """Write the child of `head` made by `update`: its training state when due, then its
-        policy folder (not yet LATEST: see `point`). Returns the child and the costs on the
-        critical path: publish_s, state_s (taking the state, and waiting for the previous
-        one), bytes_written (the folder, and the states finished since the last call)."""
+        """Take the child of `head` made by `update`: wait for the previous version's
+        publication (LATEST is then `head`), take the training state when due, then the
+        weights, copied in the published dtype for the thread that `point` hands them to,
+        or written at once (the run's last version, LoRA, publish_async = false). Returns
+        the child and the costs on the critical path: publish_s (that wait, and the copy
+        or the write), state_s (taking the state, and waiting for the previous one),
+        bytes_written (this folder when written at once, and the folders and states
+        finished since the last call)."""
         child = head.child(update)
         costs = {"publish_s": 0.0, "state_s": 0.0, "bytes_written": 0}
         if not self._takes_part:
             return child, costs
         t0 = time.perf_counter()
+        if self.publisher is not None:
+            self.publisher.wait()
+        t1 = time.perf_counter()
         if self.state_due(update, last):
             self._save_state(child.version, child.record(head), ledger)
-        t1 = time.perf_counter()
-        written = write_version(
-            self.store,
-            self.model,
-            self.base_dir,
-            child.version,
-            self.cfg.lora if self.cfg.lora.enabled else None,
-            main=self.dist.main,
-            lineage=child.record(head),
-            dtype=self.publish_dtype,
-        )
-        costs["publish_s"], costs["state_s"] = time.perf_counter() - t1, t1 - t0
-        costs["bytes_written"] = written + (self.writer.take_bytes() if self.writer else 0)
+        t2 = time.perf_counter()
+        written = self._take_version(child, child.record(head), update, last)
+        t3 = time.perf_counter()
+        costs["publish_s"], costs["state_s"] = (t1 - t0) + (t3 - t2), t2 - t1
+        if self.dist.main:
+            written += self.publisher.take_bytes() + self.writer.take_bytes()
+        costs["bytes_written"] = written
         return child, costs
+
+    def _take_version(self, child: Head, record: dict, update: int, last: bool) -> int:
+        """The weights of `child` copied for the thread (`pending`), or its folder written
+        now; returns the bytes written now."""
+        lora = self.cfg.lora if self.cfg.lora.enabled else None
+        if lora is not None and lora.publish == "adapter":
+            return write_version(
+                self.store,
+                self.model,
+                self.base_dir,
+                child.version,
+                lora,
+                main=self.dist.main,
+                lineage=record,
+            )
+        in_thread = self.publishes_in_thread(last)
+        shards = None
+        if is_sharded(self.model):  # each rank takes the tensors it owns, whole
+            if self.dist.main:  # an earlier attempt that never completed
+                self.store.remove(self.store.policies.dir(child.version), recursive=True)
+            barrier(self.dist)
+            weights, owners = owned_weights(self.model, self.dist, self.publish_dtype)
+            shards = Shards(self.dist.rank, self.dist.world, owners)
+        else:
+            weights = take_weights(
+                self.model, main=self.dist.main, dtype=self.publish_dtype, copy=in_thread
+            )
+            if not self.dist.main:
+                return 0
+        version = VersionCopy(child.version, update, weights, record, self.publish_dtype, shards)
+        if in_thread:
+            self.pending = version
+            return 0
+        return self.publisher.write(version)
 
     def _save_state(self, version: int, record: dict, ledger: Ledger | None) -> None:
         snapshot = snapshot_state(
@@ -285,13 +346,21 @@ class Parts:
         self.state_version = version
 
     def point(self, child: Head) -> None:
-        """LATEST → `child`, whose folder `publish` wrote; then prune the versions."""
-        if self.dist.main:
+        """Once `child`'s metrics row is written: its copy handed to the writer thread,
+        which writes the folder, then points LATEST at it; or, written at once by
+        `publish`, LATEST → `child` now. Then the versions are pruned."""
+        if self.pending is not None:
+            version, self.pending = self.pending, None
+            self.publisher.publish(version)
+        elif self.dist.main:
             point_latest(self.store, child.version, self.cfg.keep_versions, self.cfg.keep_every)
 
     def finish(self, head: Head, ledger: Ledger | None) -> None:
         """At the end of a run: the state of `head` (LATEST) when the newest one is older,
-        and every state written, so that --resume continues exactly."""
+        and every state written, so that --resume continues exactly. The version in flight,
+        if any, is published first: a state never names an unpublished version."""
+        if self.publisher is not None:
+            self.publisher.wait()
         if self._takes_part and self.state_version != head.version:
             record = read_lineage(self.store, head.version) if self.dist.main else {}
             self._save_state(head.version, record, ledger)

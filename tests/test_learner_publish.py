@@ -121,9 +121,9 @@ def test_a_publisher_writes_in_a_thread_one_version_at_a_time(store_dir: Path, m
     release = {1: threading.Event(), 2: threading.Event()}
     write = P.write_weights
 
-    def held(store_, model_, base_dir, version):
+    def held(store_, model_, base_dir, version, *args):
         release[version.version].wait(timeout=60)
-        return write(store_, model_, base_dir, version)
+        return write(store_, model_, base_dir, version, *args)
 
     monkeypatch.setattr(P, "write_weights", held)
     publisher = P.Publisher(store, model, tiny_model_dir(), keep=5)

@@ -199,3 +199,47 @@ def test_a_state_is_a_copy_written_whole_or_not_at_all(store_dir: Path, monkeypa
         writer.wait()
     assert store.fs.exists(checkpoint_dir(store, 2))  # its files, but no marker
     assert newest_state(store, 2) == 1
+
+
+def test_versions_are_written_by_a_thread_and_latest_names_only_complete_ones(
+    tmp_path, monkeypatch
+):
+    """With publish_async (the default) every version but the run's last is written by
+    the publishing thread while the next update runs; LATEST, polled throughout, only
+    ever names a complete folder, and never moves back."""
+    import threading
+    import time
+
+    store = Store(str(tmp_path / "store"))
+    write_shards(store, 5)
+    writers: dict[int, str] = {}
+    write = P.write_weights
+
+    def slow(store_, model, base_dir, version, *args):
+        writers[version.version] = threading.current_thread().name
+        time.sleep(0.3)  # longer than a tiny update: the next one runs meanwhile
+        return write(store_, model, base_dir, version, *args)
+
+    monkeypatch.setattr(P, "write_weights", slow)
+    seen: list[tuple[int, bool]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            latest = store.policies.latest()
+            if latest:
+                seen.append((latest, P.is_complete(store, store.policies.dir(latest))))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        train(tiny_config(store, updates=5, keep_versions=10))
+    finally:
+        done.set()
+        watcher.join()
+    assert writers == {v: f"gagpo-publish-v{v}" for v in range(1, 5)} | {5: "MainThread"}
+    assert seen and all(complete for _, complete in seen)
+    order = [v for i, (v, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != v]
+    assert order == sorted(order) and order[-1] == 5
+    assert read_metrics(store)["update"].to_list() == [1, 2, 3, 4, 5]
