@@ -42,6 +42,20 @@ def test_both_launchers_hold_the_contract():
         assert on_ray.address == address and (on_ray.store, on_ray.run_id) == ("S", "R")
 
 
+def test_the_ray_launcher_opens_the_store_once(tmp_path):
+    """Given a Store it uses that one; given a URL it opens it when first needed, once, and
+    reads the closing line from it (a run that never started records nothing)."""
+    from gagpo.storage.store import Store
+
+    store = Store(str(tmp_path / "s"))
+    assert launcher_for("local", RunConfig(), store, "R", print).opened is store
+    by_url = launcher_for("local", RunConfig(), str(tmp_path / "s"), "R", print)
+    assert by_url.opened is by_url.opened and by_url.opened.url == store.url
+    assert by_url.after() == [
+        "ray restarts: not recorded (the run ended before its Ray actors started)"
+    ]
+
+
 def test_the_local_launcher_returns_the_learners_code_and_stops_the_actors():
     plan = Plan(
         [

@@ -91,7 +91,9 @@ class Child:
         self.last_line = ""
         self._prefix = f"[{label}] " if label else ""
         self._echo = echo
-        self._relay = threading.Thread(target=self._relay_lines, name=f"relay-{label}", daemon=True)
+        self._relay = threading.Thread(
+            target=self._relay_lines, name=f"relay-{label or self.proc.pid}", daemon=True
+        )
         self._relay.start()
 
     def _relay_lines(self) -> None:
