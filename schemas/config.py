@@ -58,13 +58,15 @@ M = TypeVar("M", bound=BaseModel)
 def describe_error(error: PydanticValidationError, prefix: str = "", errors=None) -> str:
     """One line for the first problem (of `errors`, default all): field path, what is
     wrong, and the value given."""
-    first = (errors or error.errors())[0]
-    field = ".".join(str(p) for p in first["loc"]) or "(config)"
-    given = first.get("input")
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
+    return describe_problem((errors or error.errors())[0], prefix)
+
+
+def describe_problem(problem: dict[str, Any], prefix: str = "") -> str:
+    """One line for one of pydantic's problems (an item of `ValidationError.errors()`)."""
+    field = ".".join(str(p) for p in problem["loc"]) or "(config)"
+    if problem["type"] == "extra_forbidden":
         return f"{prefix}unknown config field '{field}'"
-    return f"{prefix}config field '{field}': {msg} (got {given!r})"
+    return f"{prefix}config field '{field}': {problem['msg']} (got {problem.get('input')!r})"
 
 
 def read_toml(path: str | Path, section: str | None = None) -> dict[str, Any]:

@@ -215,13 +215,9 @@ def test_heldout_table_and_change_line():
 
 
 def _demo_warmstart_config():
-    from gagpo.actors.config import ActorConfig
-    from gagpo.schemas.config import load_config
-    from gagpo.workflows.run import recipe_path, warmstart_config
+    from gagpo.workflows.recipe import load_recipe
 
-    path = recipe_path("demo")
-    actors = load_config(ActorConfig, path, section="actors", overrides={"store": "-"})
-    return warmstart_config(path, actors)
+    return load_recipe("demo", "-").warmstart
 
 
 def test_the_shipped_demo_warm_start_matches_the_code_and_the_recipe():

@@ -10,16 +10,17 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from gagpo.actors.config import ActorConfig
-from gagpo.learner.config import LearnerConfig
-from gagpo.schemas.config import load_config
+from gagpo.schemas.errors import GagpoError
 from gagpo.storage.store import Store
-from gagpo.workflows.run import RunConfig, recipe_path, shipped, warmstart_config
+from gagpo.workflows.recipe import Recipe, load_recipe, recipe_path, shipped
+from gagpo.workflows.run import run
+from gagpo.workflows.warmstart import WarmstartConfig
 from tests.helpers.procs import alive
 
 GAGPO = [sys.executable, "-m", "gagpo.workflows.cli"]
@@ -98,11 +99,8 @@ def test_the_dry_run_of_every_shipped_recipe_prints_what_it_printed_before(
 def test_every_recipe_is_shipped_and_valid():
     assert set(RECIPES) <= set(shipped().split(", "))
     for name in RECIPES:
-        path = recipe_path(name)
-        load_config(RunConfig, path, section="run")
-        actors = load_config(ActorConfig, path, section="actors", overrides={"store": "s"})
-        learner = load_config(LearnerConfig, path, section="learner", overrides={"store": "s"})
-        warm = warmstart_config(path, actors)
+        recipe = load_recipe(name, "s")
+        warm, actors = recipe.warmstart, recipe.actors
         assert warm is not None, f"recipe {name} names no warm start"
         # Demonstrations must be tokenized exactly as the RL actors present prompts.
         assert (warm.env, warm.max_turns, warm.history_window) == (
@@ -110,7 +108,96 @@ def test_every_recipe_is_shipped_and_valid():
             actors.max_turns,
             actors.history_window,
         )
-        assert learner.policy == actors.policy == warm.policy
+        assert recipe.learner.policy == actors.policy == warm.policy
+        assert actors.store == recipe.learner.store == "s"
+
+
+def test_the_recipe_is_read_once(tmp_path: Path, monkeypatch):
+    """`gagpo run` (a dry run here) parses the recipe's TOML once, whatever it checks."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(recipe_path("tiny").read_text())
+    parsed = []
+    loads = tomllib.loads
+    monkeypatch.setattr(tomllib, "loads", lambda text: parsed.append(text) or loads(text))
+    run(str(recipe), str(tmp_path / "s"), warm=False, dry_run=True, echo=lambda line: None)
+    assert parsed.count(recipe.read_text()) == 1
+
+
+def test_the_warm_start_inherits_the_actors_as_overridden_unless_it_sets_its_own(tmp_path):
+    text = recipe_path("tiny").read_text()
+    recipe = load_recipe("tiny", "s", sets=["actors.max_turns=7", "actors.env_options.size=6"])
+    assert recipe.warmstart.max_turns == recipe.actors.max_turns == 7
+    assert recipe.warmstart.env_options == recipe.actors.env_options == {"size": 6}
+    assert recipe.warmstart.history_window == 1  # [actors]'s, not WarmstartConfig's default
+    own = tmp_path / "own.toml"
+    own.write_text(text.replace("[warmstart]", "[warmstart]\nhistory_window = 3\nmax_turns = 9"))
+    recipe = load_recipe(own, "s", sets=["actors.max_turns=7"])
+    assert (recipe.warmstart.history_window, recipe.warmstart.max_turns) == (3, 9)
+    assert (recipe.actors.history_window, recipe.actors.max_turns) == (1, 7)
+    # A model given as such is taken as is: nothing inherited.
+    given = Recipe.model_validate(
+        {**recipe.model_dump(), "warmstart": WarmstartConfig(env="household")}
+    )
+    assert given.warmstart.env == "household" != given.actors.env
+
+
+def test_actors_and_learner_share_the_runs_store(tmp_path: Path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        recipe_path("tiny").read_text().replace("[learner]\n", '[learner]\nstore = "elsewhere"\n')
+    )
+    with pytest.raises(GagpoError) as err:
+        load_recipe(recipe, "s")
+    assert "[learner]: store = 'elsewhere', but the run's store is 's'" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert load_recipe(recipe, "elsewhere").learner.store == "elsewhere"  # the same one: taken
+    fields = load_recipe("tiny", "s").model_dump()
+    fields["learner"]["store"] = "t"
+    with pytest.raises(GagpoError, match="the actors write into 's' but the learner reads 't'"):
+        Recipe.model_validate(fields)
+
+
+def test_a_wrong_value_names_its_table_and_the_set_that_gave_it():
+    with pytest.raises(GagpoError) as err:
+        load_recipe("tiny", "s", sets=["learner.loss.eps_low=2"])
+    assert str(err.value).startswith(f"recipe {str(recipe_path('tiny'))!r} [learner] with --set: ")
+    assert "config field 'loss.eps_low'" in str(err.value)
+    with pytest.raises(GagpoError, match=r"\[run\]: config field 'actors'.*\(got 0\)"):
+        load_recipe("tiny", "s", actors=0)
+
+
+def test_the_dry_run_imports_no_torch(tmp_path: Path):
+    probe = (
+        "import sys; from click.testing import CliRunner; from gagpo.workflows.cli import gagpo; "
+        f"args = ['run', '--store', {str(tmp_path / 's')!r}, '--dry-run']; "
+        "codes = [CliRunner().invoke(gagpo, [*args, '--recipe', r, '--no-warmstart']).exit_code "
+        "for r in ('gpu-alfworld', 'demo')]; "
+        "print(codes, sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[0, 0] []", out.stdout + out.stderr[-2000:]
+
+
+def test_the_run_opens_its_store_once(tmp_path: Path, monkeypatch):
+    """Along `gagpo run`'s path (the run, its summary, the held-out evaluation, the report,
+    the credit comparison) the store is opened once and passed down."""
+    from gagpo.workflows.launch import LocalLauncher
+
+    store = str(tmp_path / "s")
+    opened = []
+    init = Store.__init__
+
+    def counting(self, url, *args, **kwargs):
+        opened.append(str(url))
+        init(self, url, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "__init__", counting)
+    monkeypatch.setattr(LocalLauncher, "run", lambda self, plan: 0)
+    sets = ["run.eval_groups=1", "run.report=true", "run.credit=true"]
+    lines: list[str] = []
+    assert run("tiny", store, warm=False, echo=lines.append, sets=sets) == 0
+    assert "run summary:" in "\n".join(lines) and "credit comparison: skipped" in "\n".join(lines)
+    assert opened.count(store) == 1, opened
 
 
 def test_bad_warmstart_table_is_one_line(tmp_path: Path):

@@ -36,6 +36,7 @@ from gagpo.envs.base import StepOracle
 from gagpo.pipeline.config import EstimatorConfig, parse_estimator_config
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
+from gagpo.storage.store import Store
 
 ZERO = 1e-6  # |advantage| below this counts as zero (the stage's normalisation ε)
 FIGURE = "credit.png"  # written beside the report's figures
@@ -200,31 +201,28 @@ def read_steps(store, env: str | None = None, columns=STEP_COLUMNS) -> pl.DataFr
     return steps
 
 
-def oracle_env(store_url: str) -> str | None:
+def oracle_env(store: Store | str) -> str | None:
     """The environment of the store's steps when it declares a step oracle (the credit
     comparison needs one), else None; a one-line error for a store without steps."""
-    from gagpo.storage.store import Store
-
-    env = steps_env(read_steps(Store(store_url), columns=[C.ENV]))
+    env = steps_env(read_steps(_opened(store), columns=[C.ENV]))
     return env if step_oracle(env) is not None else None
 
 
 def compare(
-    store_url: str, run_estimator: EstimatorConfig | None = None, env: str | None = None
+    store: Store | str, run_estimator: EstimatorConfig | None = None, env: str | None = None
 ) -> Comparison:
     """Recompute the store's steps under each estimator (committed under advantages/<tag>/)
     and measure each one's credit against the step oracle of `env` (default: the steps'
     own environment)."""
     from gagpo.pipeline.recompute import recompute_store
     from gagpo.storage.archive import step_files
-    from gagpo.storage.store import Store
 
-    store = Store(store_url)
+    store = _opened(store)
     steps = read_steps(store, env)
     labelled = label(steps, oracle_of(env or steps_env(steps)))
     rows, tables = [], {}
     for name, config in estimators(run_estimator):
-        recompute_store(store_url, None, config)
+        recompute_store(store.url, None, config)
         files = [store.advantages_path(config.tag, i) for i in step_files(store).ids()]
         adv = pl.concat(
             [
@@ -339,15 +337,16 @@ def credit_figure(comparison: Comparison, traj_id: str, path: Path) -> Path:
 
 
 def credit_report(
-    store_url: str, run_estimator: EstimatorConfig | None, out_dir: Path, env: str | None = None
+    store: Store | str, run_estimator: EstimatorConfig | None, out_dir: Path, env: str | None = None
 ) -> tuple[Comparison, list[str]]:
     """Compare (against the oracle of `env`, default the steps' own environment), draw the
     figure into `out_dir`; the comparison and its printed lines (the table, the SQL query to
     rerun, where the figure is)."""
-    comparison = compare(store_url, run_estimator, env)
+    store = _opened(store)
+    comparison = compare(store, run_estimator, env)
     lines = [
         table(comparison),
-        f'rerun (zero share, IQR): gagpo sql --store {store_url} "{SQL_QUERY}"',
+        f'rerun (zero share, IQR): gagpo sql --store {store.url} "{SQL_QUERY}"',
     ]
     traj = pick_trajectory(comparison)
     if traj is None:
@@ -356,3 +355,8 @@ def credit_report(
         path = credit_figure(comparison, traj, Path(out_dir) / FIGURE)
         lines.append(f"credit figure: {path} (trajectory {traj})")
     return comparison, lines
+
+
+def _opened(store: Store | str) -> Store:
+    """The command's opened store; a URL (a test, a notebook) is opened here."""
+    return store if isinstance(store, Store) else Store(store)

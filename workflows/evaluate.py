@@ -83,10 +83,10 @@ def evaluate_version(
 
 
 def evaluate_run(
-    store_url: str, actors: ActorConfig, *, groups: int, every: int, seed: int, echo=print
+    store: Store | str, actors: ActorConfig, *, groups: int, every: int, seed: int, echo=print
 ) -> list[dict]:
     """Evaluate the run's kept versions on held-out tasks; write and return the rows."""
-    store = Store(store_url)
+    store = store if isinstance(store, Store) else Store(store)
     rows = []
     versions = versions_to_evaluate(store, every)
     for i, version in enumerate(versions, 1):

@@ -31,13 +31,9 @@ from gagpo.workflows.warmstart import (
 def ship(recipe: str, *, echo=print) -> Path:
     """Build (or take from the cache) `recipe`'s warm start and write its policy, warmstart.json
     and MANIFEST into the package's warmstarts/<recipe>/, replacing what was there."""
-    from gagpo.actors.config import ActorConfig
-    from gagpo.schemas.config import load_config
-    from gagpo.workflows.run import recipe_path, warmstart_config
+    from gagpo.workflows.recipe import load_recipe
 
-    path = recipe_path(recipe)
-    actors = load_config(ActorConfig, path, section="actors", overrides={"store": "-"})
-    cfg = warmstart_config(path, actors)
+    cfg = load_recipe(recipe, "-").warmstart  # the store is not used: only the warm start is built
     if cfg is None:
         raise GagpoError(f"recipe {recipe!r} has no [warmstart] table; accepted: one that has")
     built = warmstart(cfg, echo=echo).parent

@@ -189,14 +189,14 @@ def _copy_shipped(shipped: Path, folder: Path) -> None:
 def _build(cfg: WarmstartConfig, folder: Path, echo) -> None:
     from gagpo.storage.store import Store
 
-    store = str(folder / "store")
-    demos = record_demonstrations(cfg, store)
+    store = Store(str(folder / "store"))  # opened once: the demonstrations, SFT, the result
+    demos = record_demonstrations(cfg, store.url)
     echo(f"warm start: {demos.steps} demonstration steps, expert success {demos.success_rate:.1%}")
     summary, nll = supervised(cfg, store, echo=echo)
     echo(f"warm start: NLL per action token {nll[0]:.3f} → {nll[-1]:.3f} in {len(nll)} updates")
-    src = Path(Store(store).policies.dir(summary.version))
+    src = Path(store.policies.dir(summary.version))
     shutil.copytree(src, folder / POLICY_DIR, ignore=shutil.ignore_patterns(".*"))
-    shutil.rmtree(layout.checkpoints_dir(store), ignore_errors=True)
+    shutil.rmtree(layout.checkpoints_dir(store.root), ignore_errors=True)
     info = {
         "key": cache_key(cfg),  # folder is the temporary build folder here
         "config": cfg.model_dump(mode="json"),
@@ -247,18 +247,20 @@ def record_demonstrations(cfg: WarmstartConfig, store: str):
     )
 
 
-def supervised(cfg: WarmstartConfig, store: str, replay: str | None = None, echo=None):
-    """SFT of `cfg.policy` on the demonstrations in `replay` (default: `store`), each group
-    once, versions published in `store`; returns the learner's summary and NLL per update."""
+def supervised(cfg: WarmstartConfig, store, replay: str | None = None, echo=None):
+    """SFT of `cfg.policy` on the demonstrations in `replay` (default: `store`, a Store or
+    its URL), each group once, versions published in `store`; returns the learner's summary
+    and NLL per update."""
     from gagpo.learner.config import LearnerConfig
     from gagpo.learner.metrics import read_metrics
     from gagpo.learner.train import train
     from gagpo.storage.store import Store
 
+    store = store if isinstance(store, Store) else Store(store)
     # Replay: no waiting for actors, no staleness drop, each group once.
     sft = LearnerConfig(
-        store=store,
-        replay=replay or store,
+        store=store.url,
+        replay=replay or store.url,
         policy=cfg.policy,
         mode="sft",
         updates=cfg.updates,
@@ -270,7 +272,7 @@ def supervised(cfg: WarmstartConfig, store: str, replay: str | None = None, echo
     )
     progress = _every_nth_update(echo, max(1, cfg.updates // 8)) if echo else None
     summary = train(sft, echo=progress)
-    return summary, read_metrics(Store(store))["loss"].to_list()
+    return summary, read_metrics(store)["loss"].to_list()
 
 
 def _every_nth_update(echo, n: int):
