@@ -155,6 +155,14 @@ def test_actors_and_learner_share_the_runs_store(tmp_path: Path):
     fields["learner"]["store"] = "t"
     with pytest.raises(GagpoError, match="the actors write into 's' but the learner reads 't'"):
         Recipe.model_validate(fields)
+    both = tmp_path / "both.toml"
+    both.write_text(recipe.read_text().replace("\n[actors]\n", '\n[actors]\nstore = "s"\n'))
+    with pytest.raises(GagpoError) as err:
+        load_recipe(both, "s")
+    assert str(err.value) == (
+        f"recipe {str(both)!r}: the actors write into 's' but the learner reads 'elsewhere'; "
+        "accepted: one store for both (gagpo run --store)"
+    )
 
 
 def test_a_wrong_value_names_its_table_and_the_set_that_gave_it():

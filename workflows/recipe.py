@@ -129,7 +129,7 @@ class Recipe(Config):
         # A GagpoError, not a ValueError: pydantic passes it through as the one line itself.
         if self.actors.store != self.learner.store:
             raise GagpoError(
-                f"recipe: the actors write into {self.actors.store!r} but the learner reads "
+                f"the actors write into {self.actors.store!r} but the learner reads "
                 f"{self.learner.store!r}; accepted: one store for both (gagpo run --store)"
             )
         return self
@@ -177,7 +177,7 @@ def load_recipe(
             set_dotted(data[table], key, value)
     overridden = {table for table, items in by_table.items() if items}
     try:
-        return Recipe.model_validate(data)
+        return _validate(data, where)
     except PydanticValidationError as exc:
         raise GagpoError(_one_line(exc.errors(), where, overridden)) from None
 
@@ -205,11 +205,20 @@ def check_as_written(data: dict[str, Any], where: str) -> None:
     """A wrong value in the file is refused even where a flag or --set overrides it (a
     recipe is checked as written): every problem but the store the run gives."""
     try:
-        Recipe.model_validate(data)
+        _validate(data, where)
     except PydanticValidationError as exc:
         wrong = [e for e in exc.errors() if e["type"] not in ("missing", "extra_forbidden")]
         if wrong:
             raise GagpoError(_one_line(wrong, where, set())) from None
+
+
+def _validate(data: dict[str, Any], where: str) -> Recipe:
+    """`Recipe` of `data`; a rule between tables (a GagpoError) names the recipe. Pydantic's
+    problems are raised as they are, for the caller to choose which to report."""
+    try:
+        return Recipe.model_validate(data)
+    except GagpoError as exc:
+        raise GagpoError(f"{where}: {exc}") from None
 
 
 def _shared_store(table: dict[str, Any], store: str, where: str) -> str:
