@@ -174,3 +174,23 @@ def test_resume_reads_a_delta_version_whole(published, tmp_path):
     assert weights.keys() == expected.keys()
     for name, tensor in expected.items():
         assert weights[name].dtype == torch.bfloat16 and torch.equal(weights[name], tensor)
+
+
+def test_a_learner_publishes_deltas_and_resumes_from_one(store_dir):
+    """`publish_delta_every`: the learner's versions after the first are deltas until the
+    next multiple of K; --resume continues from a delta LATEST (its weights read whole) and
+    its first version is full (it holds no previous one)."""
+    from gagpo.learner.train import train
+    from tests.helpers.learner import tiny_config, write_shards
+
+    store = Store(str(store_dir))
+    write_shards(store, 5, groups=2)
+    store.policies.publish_base(str(tiny_model_dir()))
+    cfg = dict(batch_groups=2, publish_delta_every=10, publish_dtype="bf16", keep_versions=2)
+    assert train(tiny_config(store, updates=3, **cfg)).updates == 3
+    policies = store.policies
+    assert [policies.is_delta(v) for v in (1, 2, 3)] == [False, True, True]
+    assert policies.stored() == [0, 1, 2, 3]  # keep=2, and v3's chain down to the full v1
+    assert train(tiny_config(store, updates=5, resume=True, **cfg)).updates == 5
+    assert [policies.is_delta(v) for v in (4, 5)] == [False, True]
+    assert policies.latest() == 5 and policies.stored() == [0, 4, 5]
