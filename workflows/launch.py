@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 WATCH_S = 1.0  # seconds between two checks of the actors while the learner runs
 
-# `config` below is a recipe's [run] table: workflows/run.py's RunConfig (not imported
+# `config` below is a recipe's [run] table: workflows/recipe.py's RunConfig (not imported
 # here, since run.py imports this module).
 
 
