@@ -173,7 +173,7 @@ class VersionCopy:
 
     version: int
     update: int  # the update that made it (crash tests hold "publish:<update>")
-    weights: dict[str, torch.Tensor]  # whole tensors, in the published dtype
+    weights: dict[str, torch.Tensor] | None  # whole, in the published dtype; None: the model's
     lineage: dict | None
     dtype: torch.dtype | None  # None: the master weights' own
     shards: Shards | None = None  # FSDP: this rank's file of a sharded folder
@@ -200,8 +200,9 @@ def take_weights(
     """The weights to publish, as whole tensors in `dtype` (None: the model's own) on CPU;
     with `copy`, none of them shares memory with the live parameters (the next step
     changes those in place while a thread writes the copy). A LoRA model gives its
-    merged weights. Sharded (FSDP), a collective: every rank calls this, `main` gets
-    the tensors, the other ranks None."""
+    merged weights. None when there is nothing to cast, copy or merge (written at once
+    from the model itself). Sharded (FSDP), a collective: every rank calls this, `main`
+    gets the tensors, the other ranks None."""
     from gagpo.learner.dist import full_model_state, is_sharded
     from gagpo.learner.model import lora_modules, merged_state_dict
 
@@ -211,6 +212,8 @@ def take_weights(
         return None
     if lora_modules(model):
         state = merged_state_dict(model)
+    if state is None and dtype is None and not copy:
+        return None  # written at once, as they are: `save_pretrained` takes the model's own
     state = model.state_dict() if state is None else state
     # A gathered state is already a CPU copy of its own; cast or copy the rest.
     return detached_copy(state, dtype, copy=copy and not sharded)

@@ -65,6 +65,10 @@ class Figures:
     actor_commit_kills: int = 0
     learner_kills: int = 0
     learner_hold_kills: dict = field(default_factory=dict)
+    # what each learner kill left: a policy folder newer than LATEST without its marker (a
+    # publication in flight), a training-state folder without its marker (a state write)
+    learner_kills_in_publication: int = 0
+    learner_kills_in_state_write: int = 0
     latest_polls: int = 0
     latest_incomplete: int = 0
     shards: int = 0
@@ -263,7 +267,24 @@ class Run:
                         break
                     time.sleep(0.1)
                 time.sleep(self.rng.uniform(0.0, 2.0))
-            self.figures.learner_kills += _kill(proc)
+            if _kill(proc):
+                self.figures.learner_kills += 1
+                self.count_writes_in_flight()
+
+    def count_writes_in_flight(self) -> None:
+        """Whether the kill cut a publication or a state write short (folders left without
+        their marker; the next --resume removes them)."""
+        from gagpo.learner.checkpoint import checkpoint_dir, state_versions
+        from gagpo.learner.publish import is_complete
+
+        self.store.fs.invalidate_cache()
+        latest = self.store.policies.latest() or 0
+        folders = self.store.policies.folders()
+        if any(v > latest and not self.store.policies.has(v) for v in folders):
+            self.figures.learner_kills_in_publication += 1
+        states = state_versions(self.store)
+        if any(not is_complete(self.store, checkpoint_dir(self.store, v)) for v in states):
+            self.figures.learner_kills_in_state_write += 1
 
     # --- the run --------------------------------------------------------------------
     def run(self) -> Figures:
