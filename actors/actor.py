@@ -5,6 +5,10 @@ The store is the only channel to the learner: as groups end the actor reads
 (actors/prefetch.py), and loads it once its files are local (version 0 is the configured
 base model); each load's fetch seconds and engine pause go to the summary (`loads`). While following a learner it also reads the
 learner's backlog and waits instead of generating groups that would go stale (throttle.py).
+
+`run_actor` sets up and runs `_Loop`: admission (`admit`, `wait_for_room`), outcome
+collection (`collect`) and `commit`. What demonstrations (`--expert`) do differently is
+chosen once, up front, as a `_Player`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -125,8 +130,46 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
     # (default: the end of the line) end a reply on engines that take them (vLLM).
     stop_strings = getattr(env_factory(), "stop_strings", None)
     run_id = config.run_id or new_id()
-    summary = ActorSummary(run_id=run_id)
+    policy = _base_policy(config, policy, stop_strings)
+    # Version 0 lives in the store too: learners start from exactly these weights.
+    store.policies.publish_base(str(policy.model_dir))
+    player = _player(config, policy, run_id)
+    in_flight = config.groups_in_flight or (CONTINUOUS_GROUPS_IN_FLIGHT if player.continuous else 1)
+    lanes = in_flight * config.group_size
+    slots = Slots(env_factory, lanes, executor=config.env_executor, workers=config.env_workers)
+    runner = Rollouts(
+        slots,
+        policy,
+        group_size=config.group_size,
+        capacity=in_flight,
+        history_window=config.history_window,
+        run_id=run_id,
+        continuous=player.continuous,
+    )
+    loop = _Loop(
+        config,
+        store,
+        runner,
+        player,
+        ActorSummary(run_id, groups_in_flight=in_flight),
+        _Admission(Throttle(store) if player.throttled else None),
+        Prefetcher(store, str(policy_cache_dir()), warn),
+        warn,
+    )
+    stop = _StopFlag()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        loop.run(stop, progress)
+    finally:
+        runner.close()
+        slots.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return loop.finish()
 
+
+def _base_policy(config: ActorConfig, policy, stop_strings):
+    """The engine serving version 0: `policy` when the caller loaded one, else loaded."""
     if config.threads:
         import torch
 
@@ -144,115 +187,158 @@ def run_actor(config: ActorConfig, *, progress=None, warn=None, policy=None) -> 
         )
     if stop_strings == ():  # replies that span lines (agents): the HF backend stops at EOS only
         policy.stop_at_newline = False
-    # Version 0 lives in the store too: learners start from exactly these weights.
-    store.policies.publish_base(str(policy.model_dir))
-    continuous = hasattr(policy, "submit") and not config.expert
-    in_flight = config.groups_in_flight or (CONTINUOUS_GROUPS_IN_FLIGHT if continuous else 1)
-    summary.groups_in_flight = in_flight
-    slots = Slots(
-        env_factory,
-        in_flight * config.group_size,
-        executor=config.env_executor,
-        workers=config.env_workers,
-    )
-    runner = Rollouts(
-        slots,
-        policy,
-        group_size=config.group_size,
-        capacity=in_flight,
-        history_window=config.history_window,
-        run_id=run_id,
-        continuous=continuous,
-    )
-    stop = _StopFlag()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    pending: list[dict[str, list]] = []
-    # Backpressure only while following a learner: a fixed --groups job is produced as asked.
-    throttle = Throttle(store) if config.follow and config.throttle and not config.expert else None
-    noise_rng = random.Random(sampling_seed(config.seed, run_id, -1))
-    admission = _Admission(throttle)
-    prefetch = Prefetcher(store, str(policy_cache_dir()), warn)
-    start, k, lost_in_a_row = time.perf_counter(), 0, 0
-    try:
-        while True:
-            wanted = not stop.stop and (config.follow or k < config.groups)
-            throttled = False
-            if wanted and runner.free:
-                room = admission.room(runner, held=len(pending))
-                throttled = room <= 0
-                for _ in range(room):
-                    demo = Expert(policy, config.expert_noise, noise_rng) if config.expert else None
-                    runner.start(
-                        GroupTask(
-                            k,
-                            config.seed + k,
-                            new_id(),
-                            sampling_seed(config.seed, run_id, k),
-                            demo,
-                        )
-                    )
-                    k += 1
-                    if stop.stop or not (config.follow or k < config.groups):
-                        break
-                wanted = not stop.stop and (config.follow or k < config.groups)
-            if runner.in_flight == 0:
-                if not (wanted and throttled):
-                    break  # all asked for is done, or stopped
-                if pending:  # groups held here are invisible to the learner: commit them
-                    summary.shards.append(_commit(store, pending, config, summary))
-                    pending = []
-                throttle.pause()  # type: ignore[union-attr]  # the backlog holds what it can use
-                summary.seconds_throttled = throttle.seconds_waited  # type: ignore[union-attr]
-                admission.refresh()
-                if not config.expert:
-                    _switch_to_newest(store, runner, prefetch, config, summary)
-                continue
-            outcomes = runner.advance()
-            for outcome in outcomes:
-                if isinstance(outcome, GroupLost):
-                    summary.groups_lost += 1
-                    lost_in_a_row += 1
-                    warn(
-                        f"group {outcome.task.group_id} (task seed {outcome.task.task_seed}) "
-                        f"lost: {outcome.reason}"
-                    )
-                    if lost_in_a_row >= max(3, in_flight):
-                        raise GagpoError(
-                            f"{lost_in_a_row} groups lost in a row; the last: {outcome.reason}"
-                        )
-                    continue
-                lost_in_a_row = 0
-                summary.add(outcome)
-                pending.append(outcome.columns)
-                if len(pending) >= config.groups_per_shard:
-                    summary.shards.append(_commit(store, pending, config, summary))
-                    pending = []
-            summary.seconds_total = time.perf_counter() - start
-            summary.seconds_generate, summary.seconds_env = (
-                runner.seconds_generate,
-                runner.seconds_env,
-            )
-            if outcomes:
-                admission.refresh()  # a group ended: the learner's room may have changed
-            if outcomes and progress is not None:
-                progress(summary)
-            if outcomes and not config.expert:  # demonstrations need the base tokenizer only
-                _switch_to_newest(store, runner, prefetch, config, summary)
-        if pending:
-            summary.shards.append(_commit(store, pending, config, summary))
-    finally:
-        runner.close()
-        slots.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    summary.seconds_total = time.perf_counter() - start
-    summary.seconds_generate, summary.seconds_env = runner.seconds_generate, runner.seconds_env
-    if summary.groups_lost and not summary.groups:
-        raise GagpoError(
-            f"all {summary.groups_lost} group(s) were lost to environment errors "
-            "(each named above); nothing was committed"
+    return policy
+
+
+@dataclass(frozen=True)
+class _Player:
+    """Who plays the groups, chosen once from `config.expert`: the policy, sampling RL
+    rollouts, or the environment's expert writing demonstrations (actors/demos.py) that
+    the policy only tokenizes. All the loop does differently for the two is here."""
+
+    continuous: bool  # the engine's continuous batching (vLLM): for the policy's own replies
+    throttled: bool  # backpressure: RL groups go stale in a backlog, demonstrations do not
+    follows_versions: bool  # loads newer versions: a demonstration needs the base tokenizer
+    shard_metadata: dict | None  # marks demonstration shards (`gagpo.source`)
+    demonstrator: Callable[[], Expert | None]  # one per group: plans are held per group
+
+
+def _player(config: ActorConfig, policy, run_id: str) -> _Player:
+    if config.expert:
+        noise_rng = random.Random(sampling_seed(config.seed, run_id, -1))
+        return _Player(
+            continuous=False,
+            throttled=False,
+            follows_versions=False,
+            shard_metadata=DEMO_METADATA,
+            demonstrator=lambda: Expert(policy, config.expert_noise, noise_rng),
         )
-    return summary
+    return _Player(
+        continuous=hasattr(policy, "submit"),
+        # Backpressure only while following a learner: a fixed --groups job is produced as asked.
+        throttled=config.follow and config.throttle,
+        follows_versions=True,
+        shard_metadata=None,
+        demonstrator=lambda: None,
+    )
+
+
+@dataclass
+class _Loop:
+    """The actor loop's state: groups are admitted while there is room, their outcomes
+    collected as they end, and whole groups committed `groups_per_shard` at a time."""
+
+    config: ActorConfig
+    store: Store
+    runner: Rollouts
+    player: _Player
+    summary: ActorSummary
+    admission: _Admission
+    prefetch: Prefetcher
+    warn: Callable[[str], None]
+    pending: list[dict[str, list]] = field(default_factory=list)  # ended, not yet committed
+    k: int = 0  # groups started
+    lost_in_a_row: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+    def run(self, stop: _StopFlag, progress) -> None:
+        while True:
+            throttled = self.admit(stop)
+            if self.runner.in_flight == 0:
+                if not (self.wanted(stop) and throttled):
+                    break  # all asked for is done, or stopped
+                self.wait_for_room()
+                continue
+            outcomes = self.runner.advance()
+            self.collect(outcomes)
+            self.clock()
+            if outcomes:
+                self.admission.refresh()  # a group ended: the learner's room may have changed
+                if progress is not None:
+                    progress(self.summary)
+                self.switch_to_newest()
+        self.commit()
+
+    def wanted(self, stop: _StopFlag) -> bool:
+        return not stop.stop and (self.config.follow or self.k < self.config.groups)
+
+    def admit(self, stop: _StopFlag) -> bool:
+        """Start the groups there is room for; True when the learner's backlog left none."""
+        if not (self.wanted(stop) and self.runner.free):
+            return False
+        room = self.admission.room(self.runner, held=len(self.pending))
+        seed = self.config.seed
+        for _ in range(room):
+            task = GroupTask(
+                self.k,
+                task_seed=seed + self.k,
+                group_id=new_id(),
+                sampling_seed=sampling_seed(seed, self.summary.run_id, self.k),
+                demonstrator=self.player.demonstrator(),
+            )
+            self.runner.start(task)
+            self.k += 1
+            if not self.wanted(stop):
+                break
+        return room <= 0
+
+    def wait_for_room(self) -> None:
+        """Nothing in flight and no room: commit what is held (the learner cannot see it
+        here), then wait until the backlog holds what the learner can use."""
+        self.commit()
+        throttle = self.admission.throttle
+        throttle.pause()
+        self.summary.seconds_throttled = throttle.seconds_waited
+        self.admission.refresh()
+        self.switch_to_newest()
+
+    def collect(self, outcomes: list) -> None:
+        """Ended groups join `pending` (committed when a shard's worth is held); a lost one
+        is named in one line, and too many lost in a row end the run."""
+        for outcome in outcomes:
+            if isinstance(outcome, GroupLost):
+                self._lost(outcome)
+                continue
+            self.lost_in_a_row = 0
+            self.summary.add(outcome)
+            self.pending.append(outcome.columns)
+            if len(self.pending) >= self.config.groups_per_shard:
+                self.commit()
+
+    def _lost(self, outcome: GroupLost) -> None:
+        self.summary.groups_lost += 1
+        self.lost_in_a_row += 1
+        task = outcome.task
+        self.warn(f"group {task.group_id} (task seed {task.task_seed}) lost: {outcome.reason}")
+        if self.lost_in_a_row >= max(3, self.summary.groups_in_flight):
+            raise GagpoError(
+                f"{self.lost_in_a_row} groups lost in a row; the last: {outcome.reason}"
+            )
+
+    def commit(self) -> None:
+        """The pending groups, as one shard."""
+        if self.pending:
+            ref = _commit(self.store, self.pending, self.config, self.player, self.summary)
+            self.summary.shards.append(ref)
+            self.pending = []
+
+    def switch_to_newest(self) -> None:
+        if self.player.follows_versions:
+            _switch_to_newest(self.store, self.runner, self.prefetch, self.config, self.summary)
+
+    def clock(self) -> None:
+        self.summary.seconds_total = time.perf_counter() - self.start
+        self.summary.seconds_generate = self.runner.seconds_generate
+        self.summary.seconds_env = self.runner.seconds_env
+
+    def finish(self) -> ActorSummary:
+        self.clock()
+        if self.summary.groups_lost and not self.summary.groups:
+            raise GagpoError(
+                f"all {self.summary.groups_lost} group(s) were lost to environment errors "
+                "(each named above); nothing was committed"
+            )
+        return self.summary
 
 
 class _Admission:
@@ -317,7 +403,11 @@ def _load(store: Store, policy, fetched: Fetched, config: ActorConfig):
 
 
 def _commit(
-    store: Store, groups: list[dict[str, list]], config: ActorConfig, summary: ActorSummary
+    store: Store,
+    groups: list[dict[str, list]],
+    config: ActorConfig,
+    player: _Player,
+    summary: ActorSummary,
 ) -> ShardRef:
     t0 = time.perf_counter()
     merged = {name: [v for g in groups for v in g[name]] for name in C.STEPS_COLUMNS}
@@ -325,7 +415,7 @@ def _commit(
     ref = store.write_shard(
         pa.Table.from_pydict(merged, schema=C.STEPS_SCHEMA),
         group_size=config.group_size,
-        extra_metadata=DEMO_METADATA if config.expert else None,
+        extra_metadata=player.shard_metadata,
     )
     summary.seconds_write += time.perf_counter() - t0
     return ref
