@@ -110,6 +110,14 @@ _ID = re.compile(ID_PATTERN)
 _PLACEHOLDER = re.compile(r"\*|<[A-Za-z0-9_.=<> -]*")
 
 
+def new_id() -> str:
+    """A globally unique, time-sortable id (ULID, lower case: it matches ID_PATTERN): no
+    coordination between writers."""
+    from ulid import ULID
+
+    return str(ULID()).lower()
+
+
 def is_id(value: object) -> bool:
     """Whether `value` is an id a store file may be named by (`ID_PATTERN`)."""
     return isinstance(value, str) and _ID.fullmatch(value) is not None
@@ -415,7 +423,10 @@ LAYOUT: tuple[tuple[str, str], ...] = (
     (complete(policy_dir(_S, "<N>")), "marker: the folder is complete"),
     (lineage(_S, "<N>"), "version, parent, update, ids"),
     (delta(policy_dir(_S, "<N>")), "a delta version: its base, the files it XORs"),
-    (policy_dir(_S, "<N>") + "/<file>" + DELTA_SUFFIX, "… each weights file's XOR with the base's, zstd"),
+    (
+        policy_dir(_S, "<N>") + "/<file>" + DELTA_SUFFIX,
+        "… each weights file's XOR with the base's, zstd",
+    ),
     (loads(_S, "<run_id>", "<id>"), "versions an actor loaded: fetch and pause seconds"),
     (latest(_S), "the newest complete version, as text"),
     (ledger(_S), "the ledger's tail: groups consumed, still in the inbox"),

@@ -211,10 +211,9 @@ class LoadLog:
     again whole after each load, so a reader sees every load so far or the file before."""
 
     def __init__(self, store, run_id: str) -> None:
-        from gagpo.storage.store import new_id  # store.py imports this module
 
         self.store, self.run_id = store, run_id
-        self.path = layout.loads(store.root, run_id, new_id())
+        self.path = layout.loads(store.root, run_id, layout.new_id())
         self.rows: list[dict] = []
 
     def add(self, version: int, fetch_s: float, drain_s: float, load_s: float) -> None:

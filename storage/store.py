@@ -60,6 +60,7 @@ from gagpo.schemas.layout import (  # noqa: F401  (names some modules still impo
     POLICY,
     QUARANTINE,
     SHARDS,
+    new_id,
 )
 from gagpo.schemas.validate import validate_steps
 from gagpo.storage.faults import fault_point
@@ -82,13 +83,6 @@ class ShardRef:
     path: str
     run_id: str
     shard_id: str
-
-
-def new_id() -> str:
-    """A globally unique, time-sortable id (ULID): no coordination between writers."""
-    from ulid import ULID
-
-    return str(ULID()).lower()
 
 
 def parquet_table(data: bytes, columns: list[str] | None = None) -> pa.Table:
