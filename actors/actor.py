@@ -381,9 +381,9 @@ def _switch_to_newest(
     if fresh is None:
         return  # pruned before it was loaded: the next poll reads LATEST again
     runner.policy = fresh
-    summary.loads.append(
-        VersionLoad(fetched.version, fetched.seconds, t1 - t0, time.perf_counter() - t1)
-    )
+    load = VersionLoad(fetched.version, fetched.seconds, t1 - t0, time.perf_counter() - t1)
+    summary.loads.append(load)
+    prefetch.record(load, summary.run_id)  # the store's policy/loads/: gagpo sql policy_loads
 
 
 def _load(store: Store, policy, fetched: Fetched, config: ActorConfig):

@@ -10,6 +10,7 @@ A local store's version folder is used where it is (there is nothing to download
 it is handed out at the poll that finds it. One download at a time. If LATEST moves again during a download, the newer version is
 fetched next, once this one is done; the version handed out is always the newest one that
 is local. A failed download is said in one line and started again at the next poll.
+Each version loaded is recorded in the store (`record`), for `gagpo sql`'s policy_loads.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from gagpo.schemas.errors import GagpoError, first_line
+from gagpo.storage.registry import LoadLog
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
         self._version: int | None = None  # being fetched by `_thread`
         self._outcome: Fetched | BaseException | None = None
+        self._log: LoadLog | None = None  # created at the first load
 
     def ready(self, held: int) -> Fetched | None:
         """A local version newer than `held` to load now, or None. Starts a download when
@@ -54,6 +59,18 @@ class Prefetcher:
                     self._thread.join()
                     fetched = self._harvest() or fetched
         return fetched
+
+    def record(self, load, run_id: str) -> None:
+        """Commit `load` (actors/actor.py `VersionLoad`) to the store's load records
+        (storage/registry.py `LoadLog`: this process's own file), read by `gagpo sql`'s
+        `policy_loads`. A record that cannot be committed is one warning line: the actor
+        goes on generating."""
+        if self._log is None:
+            self._log = LoadLog(self._store, run_id)
+        try:
+            self._log.add(load.version, load.fetch_s, load.drain_s, load.load_s)
+        except (OSError, GagpoError) as exc:
+            self._warn(f"recording the load of policy v{load.version} failed ({first_line(exc)})")
 
     @property
     def fetching(self) -> int | None:
