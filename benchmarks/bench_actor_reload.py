@@ -34,6 +34,9 @@ import threading
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.helpers: the one moto server of the tests
+
 
 def bf16_copy(src: Path, dst: Path) -> Path:
     """`src`'s files with its safetensors weights cast to bf16 (what a bf16 learner publishes)."""
@@ -45,32 +48,6 @@ def bf16_copy(src: Path, dst: Path) -> Path:
         tensors = {k: v.to(torch.bfloat16) for k, v in load_file(path).items()}
         save_file(tensors, path, metadata={"format": "pt"})
     return dst
-
-
-def start_s3() -> object:
-    """A moto S3 server on loopback with a bucket `bench`, credentials in the environment."""
-    import logging
-    import socket
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
-    return server
 
 
 def publisher(store, folder: Path, versions: int, every: float, done: threading.Event, log):
@@ -106,8 +83,9 @@ def main() -> None:
     from gagpo.actors.config import ActorConfig
     from gagpo.actors.policies.presets import load_policy
     from gagpo.storage.store import Store
+    from tests.helpers.s3 import start_s3
 
-    server = start_s3()
+    server, _ = start_s3("bench")
     scratch = Path(tempfile.mkdtemp(prefix="bench-actor-reload-"))
     done = threading.Event()
     try:

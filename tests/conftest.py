@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.s3 import Emulator, free_port
+from tests.helpers.s3 import CREDENTIALS, Emulator, start_s3
 
 _SCRATCH = Path(tempfile.mkdtemp(prefix="gagpo-tests-"))
 (_SCRATCH / "home").mkdir(exist_ok=True)
@@ -46,30 +46,8 @@ def one_torch_thread():
 def s3_endpoint():
     """A moto S3 server on loopback with a bucket `gagpo`, and credentials in the
     environment for s3fs."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    saved = {
-        k: os.environ.get(k)
-        for k in (
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_ENDPOINT_URL",
-            "AWS_DEFAULT_REGION",
-        )
-    }
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="test",
-        AWS_SECRET_ACCESS_KEY="test",
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="gagpo")
+    saved = {k: os.environ.get(k) for k in CREDENTIALS}
+    server, endpoint = start_s3("gagpo")
     yield endpoint
     server.stop()
     for key, value in saved.items():

@@ -31,7 +31,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -373,34 +372,14 @@ class Run:
 
 
 # --- stores --------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_s3() -> object:
-    """A moto S3 server on loopback, credentials in this process's environment (inherited
-    by the actors and learners it starts)."""
-    import logging
+    """A moto S3 server on loopback with a bucket `gagpo-faults`, credentials in this
+    process's environment (inherited by the actors and learners it starts)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.helpers.s3 import start_s3 as start
 
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="test",
-        AWS_SECRET_ACCESS_KEY="test",
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="gagpo-faults")
-    return server
+    return start("gagpo-faults")[0]
 
 
 def run_faults(stores: list[str], plan: Plan, work: Path) -> list[Figures]:
