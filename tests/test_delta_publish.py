@@ -194,3 +194,27 @@ def test_a_learner_publishes_deltas_and_resumes_from_one(store_dir):
     assert train(tiny_config(store, updates=5, resume=True, **cfg)).updates == 5
     assert [policies.is_delta(v) for v in (4, 5)] == [False, True]
     assert policies.latest() == 5 and policies.stored() == [0, 4, 5]
+
+
+def test_a_delta_version_on_an_object_store_is_fetched_whole(s3_endpoint, tmp_path):
+    """On S3 every version is downloaded: a fresh reader gets v1 (full) and v2's delta, and
+    applies it; the cache then holds both, whole, and no staging folder."""
+    store = Store(f"s3://gagpo/{tmp_path.name}", skip_instance_cache=True)
+    model = load_model(tiny_model_dir(), torch.device("cpu"))
+    publisher = P.Publisher(
+        store, model, tiny_model_dir(), keep=5, asynchronous=False, delta_every=EVERY
+    )
+    expected = {}
+    for version in (1, 2):
+        adam_like_step(model, 200 + version)
+        weights = P.take_weights(model, dtype=torch.bfloat16)
+        publisher.publish(P.VersionCopy(version, version, weights, None, torch.bfloat16))
+        publisher.wait()
+        reference = tmp_path / f"full-v{version}"
+        model.save_pretrained(reference, state_dict=weights)
+        expected[version] = bf16_files(reference)
+    assert store.policies.is_delta(2) and not store.policies.is_delta(1)
+    cache = tmp_path / "cache"
+    assert bf16_files(Path(store.policies.fetch(2, str(cache)))) == expected[2]
+    assert bf16_files(Path(store.policies.fetch(1, str(cache)))) == expected[1]
+    assert sorted(p.name for p in next(cache.iterdir()).iterdir()) == ["v1", "v2"]
