@@ -147,11 +147,13 @@ class LearnerConfig(Config):
     only copies the weights to CPU memory, in `publish_dtype`); the thread moves LATEST
     once the folder is complete, and the next publication waits for it. False: write it
     before the next update starts. LoRA runs and a run's last version publish at once."""
-    publish_delta_every: int = Field(0, ge=0, le=1000)
+    publish_delta_every: int = Field(0, ge=0, le=100)
     """K: publish a bf16 version as a zstd-compressed XOR of its bits with the previous
     version's (storage/delta.py), with a full version every K (and every `keep_every`, and
     the first after a start); 0 publishes every version full. Actors and --resume apply
-    the deltas into their local cache. fp32 publication and LoRA adapters are always full."""
+    the deltas into their local cache (at most K-1 of them). fp32 publication, LoRA adapters
+    and sharded (FSDP) folders are always full. Off by default: benchmarks/RESULTS.md,
+    "Delta publication" (3.7 % of the bytes per delta; K = 10 suits object stores)."""
     publish_dtype: Literal["auto", "fp32", "bf16"] = "auto"
     """Dtype of the published weights: auto follows `precision` (bf16 training publishes
     bf16, what actors serve on a GPU, half the bytes of fp32), or fp32 / bf16 whatever the
