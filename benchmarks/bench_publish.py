@@ -235,7 +235,9 @@ def run_setting(
         "device": device,
         "compute_s_mean": statistics.mean(compute) if train_tokens or update_s else None,
         "critical_s_mean": statistics.mean(critical),
+        "critical_s_median": statistics.median(critical),
         "critical_s_max": max(critical),
+        "critical_s": critical,  # per update: the last one writes its version at once
         "bytes_per_update": written / updates,
         "bytes_per_parameter": written / updates / params,
         "wall_s": wall,

@@ -146,15 +146,18 @@ def test_resume_without_learner_state_says_it_starts_fresh(tmp_path):
 
 def test_a_store_with_a_state_for_every_version_resumes_as_before(straight, tmp_path):
     """Stores written before states became periodic (issue 40) hold fp32 weights and a
-    state with every version, as `--state-every 1 --no-state-async` writes them: --resume
+    state with every version, written before LATEST moved, as `--state-every 1
+    --no-state-async --no-publish-async --publish-dtype fp32` writes them: --resume
     reads LATEST's own state, and the run is the uninterrupted lineage bit for bit (a
     store written by the learner of before the change was checked the same way by hand:
     benchmarks/RESULTS.md, "Publication and training state")."""
     root = tmp_path / "store"
     store = new_store(root)
     cfg = {**in_process(root), "max_staleness": 100, "keep_versions": 100, "idle_timeout_s": 1.0}
-    train(LearnerConfig(**cfg, updates=5, state_every=1, state_async=False))
+    old = {"state_every": 1, "state_async": False, "publish_async": False}  # all at once
+    train(LearnerConfig(**cfg, updates=5, publish_dtype="fp32", **old))
     assert [v for v in range(1, 6) if store.fs.exists(checkpoint_dir(store, v))] == [4, 5]
+    assert {t.dtype for t in parameters(store.policies.dir(5)).values()} == {np.dtype("float32")}
     lines: list[str] = []
     train(LearnerConfig(**cfg, updates=UPDATES, resume=True), echo=lines.append)
     assert not any("optimiser moments of" in line or "fresh AdamW" in line for line in lines)
