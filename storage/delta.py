@@ -36,7 +36,7 @@ from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 
 CHUNK = 1 << 24  # 16 MiB of each file in memory at a time
-LEVEL = 3  # zstd's default level (benchmarks/bench_delta.py compares levels)
+LEVEL = 3  # zstd's default; level 1 gives the same size (benchmarks/RESULTS.md)
 SPLIT = "bytes-split-16"  # delta.json's name for the per-chunk byte split below
 WEIGHTS_SUFFIX = ".safetensors"
 
