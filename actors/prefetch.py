@@ -6,8 +6,9 @@ folder appears whole, by one rename, once every file is local). The actor goes o
 generating with the version it holds and drains and reloads only once `ready` hands it the
 local folder: the engine's pause is the drain and the load, never the download.
 
-A local store's version folder is used where it is (there is nothing to download), so
-it is handed out at the poll that finds it. One download at a time. If LATEST moves again during a download, the newer version is
+A local store's full version folder is used where it is (there is nothing to download),
+so it is handed out at the poll that finds it; a delta version (storage/delta.py) is
+applied into the cache in the background, as a download would be. One download at a time. If LATEST moves again during a download, the newer version is
 fetched next, once this one is done; the version handed out is always the newest one that
 is local. A failed download is said in one line and started again at the next poll.
 Each version loaded is recorded in the store (`record`), for `gagpo sql`'s policy_loads.
@@ -55,7 +56,9 @@ class Prefetcher:
             latest = self._store.policies.latest()
             if latest is not None and latest > newest:
                 self._start(latest)
-                if self._store.is_local:  # the store's own folder: nothing to download
+                # A local store's full version is its own folder: nothing to download. A
+                # delta version is applied in the background like a download.
+                if self._store.is_local and not self._store.policies.is_delta(latest):
                     self._thread.join()
                     fetched = self._harvest() or fetched
         return fetched

@@ -48,8 +48,10 @@ def test_an_actor_records_each_version_it_loads_and_sql_reads_them(tmp_path: Pat
         if summary.groups == 1 and not published:
             published["v1"] = _publish_delta_of_v0(store, tmp_path)
 
+    # v1 is published as group 1 ends, applied in the background (a local store's delta
+    # version), loaded at a later group's end: groups remain for it to play.
     config = actor_config(
-        str(store.root), "sokoban", groups=3, group_size=2, max_turns=2, env_options=SOKOBAN
+        str(store.root), "sokoban", groups=5, group_size=2, max_turns=2, env_options=SOKOBAN
     )
     summary = run_actor(config, progress=progress)
     assert store.policies.is_delta(1)
