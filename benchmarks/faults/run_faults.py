@@ -9,7 +9,8 @@ Per store (a local folder, and S3 on a moto server on loopback):
   a share of them held inside a shard commit (GAGPO_HOLD=commit-shards:<n>, temporary
   file written, not yet renamed or PUT), the rest at a random instant after start;
 - meanwhile the learner (B = 1) is SIGKILLed `learner_kills` times, half held at a
-  random phase of a random update (backward, checkpoint, publish, commit-learner), half
+  random phase of a random update (backward, checkpoint, publish, commit-learner, or those
+  of --learner-phases; publish and checkpoint are held inside the writer threads), half
   at a random instant after its next publication, and restarted with --resume each time;
 - a thread polls policy/LATEST throughout and checks that the version it names is complete;
 - a steady actor supplies `updates` + 2 groups meanwhile; once it is done, a last
@@ -49,6 +50,7 @@ class Plan:
     actor_kills: int = 24
     commit_share: float = 0.5  # of actor kills, held inside a shard commit
     learner_kills: int = 12
+    learner_phases: str = ",".join(LEARNER_PHASES)  # where held learner kills may land
     updates: int = 30  # groups of the steady actor: what the killed learners train on
     actor_delay_s: float = 10.0  # random actor kills: uniform(1, this) seconds after start
     group_size: int = 4
@@ -250,7 +252,7 @@ class Run:
             latest = self.store.policies.latest() or 0
             resume = ("--resume",) if k else ()
             if k % 2 == 0:  # held at a phase of one of the next two updates
-                phase = self.rng.choice(LEARNER_PHASES)
+                phase = self.rng.choice(plan.learner_phases.split(","))
                 held = self.work / f"learner-held-{k}"
                 update = latest + self.rng.randint(1, 2)
                 proc = self.learner(plan.updates, *resume, hold=f"{phase}:{update}:{held}")
