@@ -7,8 +7,10 @@ gradients are summed with one all-reduce per optimiser step — the same arithme
 without requiring equal micro-batch counts per rank. With `parallel = "fsdp"`, FSDP2
 (`fully_shard`) shards parameters, gradients and optimiser state: one unit per decoder
 layer plus the root. Its collectives run in every forward and backward, so the ranks pad
-their micro-batch lists to equal length (see `update.run_update`), and whole state dicts
-are gathered by all ranks together before rank 0 writes them.
+their micro-batch lists to equal length (see `update.run_update`). A published version is
+written in parallel, each rank its own file with the tensors it owns (`owned_weights`:
+no whole-model gather); the optimiser state is gathered whole by all ranks together
+before rank 0 writes it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,13 @@ folder without its marker is a crashed attempt: it is removed before being rewri
                   (bf16 when it trains in bf16: what actors serve), config.json naming it
     policy/v<N>/  adapter_config.json, adapter_model.safetensors (+ tokenizer) with LoRA
                   `publish = "adapter"`: a PEFT-format adapter of the base model
+    policy/v<N>/  under FSDP: model-0000r-of-0000N.safetensors written by rank r - 1 (the
+                  tensors it owns), model.safetensors.index.json and the rest by rank 0,
+                  .rank-<r> once rank r's file is in, then .complete (`write_shard`)
+
+The learner publishes through `Publisher`: the critical path copies the weights (in the
+published dtype) and a thread writes the folder, commits the marker, then moves LATEST,
+one version at a time, while the next update runs.
 """
 
 from __future__ import annotations
