@@ -8,6 +8,9 @@ its training state:
 
     learner/checkpoints/v<N>/  trainer.pt        optimiser, scheduler, RNG states (tensors and
                                                  plain types only: loaded with weights_only=True)
+                               optimizer-0000r-of-0000W.pt   under FSDP, instead of trainer.pt's
+                                                 optimiser: rank r - 1's shard of the moments,
+                                                 written by that rank (`.rank-<r>` once in)
                                ledger.parquet    the ledger's tail as it stood after this update
                                                  (rows of compacted groups are in archive/ledger/)
                                state.json        update, version, lineage ids (see below)
@@ -35,8 +38,12 @@ its parent's, so a checker can verify the chain (`check_lineage`).
 
 Folders are written with the protocol of `publish.py` (files, then `.complete`), and a
 version's state, when due, is handed over before its policy folder is written. Under
-FSDP the optimiser state is gathered whole (to CPU) and keyed by parameter name; every
-rank takes part in the gather, rank 0 alone writes, and every rank reads the files back.
+FSDP nothing is gathered: each rank copies its own shard of the optimiser state (keyed by
+parameter name) and its thread writes it to its own file, then `.rank-<r>`; rank 0 writes
+the rest, waits for every rank's marker, and only then commits `.complete` (as sharded
+publication does). Such a state resumes on the same number of FSDP ranks, each reading
+its own file; a whole state (written unsharded, or by FSDP before states were sharded)
+resumes under either mode.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import random
 import tempfile
 import time
@@ -57,18 +65,30 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file, save_file
 
-from gagpo.learner.dist import full_optimizer_state, is_sharded, load_full_state, tied_weights
+from gagpo.learner.dist import (
+    is_sharded,
+    load_full_state,
+    load_local_optimizer_state,
+    local_optimizer_state,
+    rank_and_world,
+    tied_weights,
+)
+from gagpo.learner.faults import fault_point
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import acquire, check_lease
 from gagpo.learner.publish import (
     Background,
+    _await_ranks,
+    _rank_done,
+    commit_marker,
     folder_bytes,
     is_complete,
     put_folder,
     remove_folder,
+    upload_files,
 )
 from gagpo.schemas import layout
-from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.errors import GagpoError, StoreFullError
 from gagpo.schemas.layout import STATE_LEDGER, STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
 from gagpo.storage.store import Store
 
@@ -119,15 +139,30 @@ def _trains_everything(model) -> bool:
 
 
 # --- saving: every `state_every` updates --------------------------------------------
+@dataclass(frozen=True)
+class OptimizerShard:
+    """One FSDP rank's part of a training state: its shard of the optimiser's moments."""
+
+    rank: int
+    world: int
+    state: dict  # keyed by parameter name, local CPU tensors
+
+
+def optimizer_shard_name(rank: int, world: int) -> str:
+    return f"optimizer-{rank + 1:05d}-of-{world:05d}.pt"
+
+
 @dataclass
 class StateSnapshot:
-    """A training state taken on the critical path, to be written by `write_state`."""
+    """A training state taken on the critical path, to be written by `write_state`. Under
+    FSDP every rank has one with its `shard`; rank 0's alone has the rest (others: None)."""
 
     version: int
-    trainer: dict  # optimiser, scheduler, RNG
+    trainer: dict | None  # optimiser (unsharded), scheduler, RNG
     trained: dict[str, torch.Tensor] | None  # the adapters, when the published weights are merged
-    ledger: pa.Table
+    ledger: pa.Table | None
     record: dict
+    shard: OptimizerShard | None = None
 
 
 def snapshot_state(
@@ -144,14 +179,20 @@ def snapshot_state(
 ) -> StateSnapshot | None:
     """The training state of `version` (its lineage `record`), detached from the live
     optimiser when `copy_tensors` (the next step changes its tensors in place while a
-    thread writes the copy). Sharded, a collective: every rank calls this, and only
-    `main` (with the ledger) gets it."""
-    optimizer_state = full_optimizer_state(model, optimizer)  # FSDP: a gathered CPU copy
+    thread writes the copy). Sharded, every rank calls this and gets its own shard of the
+    optimiser state (a CPU copy: nothing gathered); otherwise only `main` (with the
+    ledger) gets a snapshot."""
+    shard = _take_shard(store, version, model, optimizer, main) if is_sharded(model) else None
     if not main:
-        return None
+        return StateSnapshot(version, None, None, None, record, shard) if shard else None
     check_lease(store)  # a learner that lost the store's lease stops before publishing
-    if copy_tensors and not is_sharded(model):
-        optimizer_state = _cpu_copy(optimizer_state)
+    optimizer_state = None
+    if shard is not None:  # the moments are in the ranks' files; the groups for the record
+        optimizer_state = {"param_groups": shard.state["param_groups"], "shards": shard.world}
+    elif copy_tensors:
+        optimizer_state = _cpu_copy(optimizer.state_dict())
+    else:
+        optimizer_state = optimizer.state_dict()
     trained = None
     if not _trains_everything(model):  # the published weights are merged: keep the adapters
         trained = {
@@ -164,7 +205,20 @@ def snapshot_state(
         "scheduler": copy.deepcopy(scheduler.state_dict()),
         "rng": rng_state(),
     }
-    return StateSnapshot(version, trainer, trained, ledger.tail_table(), record)
+    return StateSnapshot(version, trainer, trained, ledger.tail_table(), record, shard)
+
+
+def _take_shard(store: Store, version: int, model, optimizer, main: bool) -> OptimizerShard:
+    """This rank's shard of the optimiser state, keyed by name; a collective: the main rank
+    first removes an earlier attempt's folder, before any rank writes into it."""
+    rank, world = rank_and_world()
+    names = [n for n, p in model.named_parameters() if p.requires_grad]  # optimiser order
+    state = rekey_optimizer_state(local_optimizer_state(optimizer), names, by_name=True)
+    if main:
+        remove_folder(store, checkpoint_dir(store, version))
+    if world > 1:
+        torch.distributed.barrier()
+    return OptimizerShard(rank, world, state)
 
 
 def _cpu_copy(value):
@@ -179,7 +233,10 @@ def _cpu_copy(value):
 
 
 def write_state(store: Store, snapshot: StateSnapshot) -> int:
-    """Write `snapshot` to learner/checkpoints/v<N>/, `.complete` last; return its bytes."""
+    """Write `snapshot` to learner/checkpoints/v<N>/, `.complete` last; return its bytes
+    (sharded: this rank's file, and on rank 0 the whole state's)."""
+    if snapshot.shard is not None:
+        return _write_sharded_state(store, snapshot)
     with tempfile.TemporaryDirectory(prefix="gagpo-state-") as tmp:
         folder = Path(tmp)
         if snapshot.trained is not None:
@@ -190,6 +247,41 @@ def write_state(store: Store, snapshot: StateSnapshot) -> int:
         written = folder_bytes(folder)
         put_folder(store, folder, checkpoint_dir(store, snapshot.version), phase="checkpoint")
     return written
+
+
+def _write_sharded_state(store: Store, snapshot: StateSnapshot) -> int:
+    """FSDP: this rank's optimiser file, uploaded in parallel with the other ranks'. A rank
+    other than 0 then commits `.rank-<r>` (its bytes); rank 0 writes the trainer (no
+    moments), ledger and record, waits for every rank's marker, then commits `.complete`:
+    a state missing any rank's file is never complete."""
+    shard, remote = snapshot.shard, checkpoint_dir(store, snapshot.version)
+    with tempfile.TemporaryDirectory(prefix="gagpo-state-") as tmp:
+        folder = Path(tmp)
+        torch.save(shard.state, folder / optimizer_shard_name(shard.rank, shard.world))
+        if shard.rank != 0:
+            upload_files(store, folder, remote)
+            written = folder_bytes(folder)
+            store.commit_bytes(_rank_done(remote, shard.rank), json.dumps(written).encode())
+            return written
+        torch.save(snapshot.trainer, folder / STATE_TRAINER)
+        pq.write_table(snapshot.ledger, folder / STATE_LEDGER)
+        (folder / STATE_RECORD).write_text(json.dumps(snapshot.record))
+        files = {
+            *os.listdir(folder),
+            *(optimizer_shard_name(r, shard.world) for r in range(shard.world)),
+        }
+        try:
+            upload_files(store, folder, remote)
+            _await_ranks(store, remote, shard.world)
+            fault_point("checkpoint")
+            commit_marker(store, remote, sorted(files))
+        except StoreFullError:
+            store.remove(remote, recursive=True)
+            raise
+        others = sum(
+            json.loads(store.read_bytes(_rank_done(remote, r))) for r in range(1, shard.world)
+        )
+        return folder_bytes(folder) + others
 
 
 def save_state(
@@ -222,11 +314,14 @@ def save_state(
 
 class StateWriter(Background):
     """Writes training states one at a time (`Background`): in a thread (`asynchronous`)
-    or at once. Each finished state then prunes to the newest `keep`."""
+    or at once. Each finished state then prunes to the newest `keep` (`prune`: the main
+    rank's writer; under FSDP every rank has one, for its own file)."""
 
-    def __init__(self, store: Store, keep: int, *, asynchronous: bool = True) -> None:
+    def __init__(
+        self, store: Store, keep: int, *, asynchronous: bool = True, prune: bool = True
+    ) -> None:
         super().__init__(asynchronous=asynchronous)
-        self.store, self.keep = store, keep
+        self.store, self.keep, self.prune = store, keep, prune
 
     def save(self, snapshot: StateSnapshot) -> None:
         self.run(
@@ -237,7 +332,8 @@ class StateWriter(Background):
 
     def _write(self, snapshot: StateSnapshot) -> int:
         written = write_state(self.store, snapshot)
-        prune_states(self.store, self.keep)
+        if self.prune:
+            prune_states(self.store, self.keep)
         return written
 
 
@@ -420,7 +516,22 @@ def _read_state(store: Store, found: int | None, head: Head, cache: str):
     if found == head.version and (folder / STATE_TRAINABLE).exists():
         trained = load_file(str(folder / STATE_TRAINABLE))
     trainer = torch.load(folder / STATE_TRAINER, weights_only=True)
+    if "shards" in trainer["optimizer"]:  # FSDP's: this rank's own file holds its moments
+        trainer["optimizer"] = _read_shard(folder, trainer["optimizer"]["shards"], remote)
     return state, trained, trainer
+
+
+def _read_shard(folder: Path, world: int, remote: str) -> dict:
+    """This rank's shard of a sharded optimiser state (marked "local" for `restore`)."""
+    rank, running = rank_and_world()
+    if running != world:
+        raise GagpoError(
+            f"the optimiser state in {remote} is sharded over {world} FSDP ranks, and this "
+            f"learner runs {running} process(es); accepted: --resume with parallel = fsdp "
+            f"on {world} processes"
+        )
+    state = torch.load(folder / optimizer_shard_name(rank, world), weights_only=True)
+    return {**state, "local": True}
 
 
 def advance_scheduler(scheduler, steps: int) -> None:
@@ -456,7 +567,16 @@ def restore(
             if a in weights:
                 weights.setdefault(b, weights[a])
     optimizer_state = trainer["optimizer"] if trainer is not None else None
-    if is_sharded(model):
+    if optimizer_state is not None and optimizer_state.get("local"):
+        if not is_sharded(model):  # `_read_shard` checked the world size
+            raise GagpoError(
+                f"the optimiser state in {where} is sharded (FSDP); accepted: --resume with "
+                "parallel = fsdp on as many processes as wrote it"
+            )
+        missing, unexpected = load_full_state(model, optimizer, weights, None)
+        local = {k: v for k, v in optimizer_state.items() if k != "local"}
+        load_local_optimizer_state(optimizer, rekey_optimizer_state(local, names, by_name=False))
+    elif is_sharded(model):
         if optimizer_state is not None:
             optimizer_state = rekey_optimizer_state(optimizer_state, names, by_name=True)
         missing, unexpected = load_full_state(model, optimizer, weights, optimizer_state)

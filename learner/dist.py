@@ -9,8 +9,8 @@ without requiring equal micro-batch counts per rank. With `parallel = "fsdp"`, F
 layer plus the root. Its collectives run in every forward and backward, so the ranks pad
 their micro-batch lists to equal length (see `update.run_update`). A published version is
 written in parallel, each rank its own file with the tensors it owns (`owned_weights`:
-no whole-model gather); the optimiser state is gathered whole by all ranks together
-before rank 0 writes it.
+no whole-model gather); so is the optimiser state, each rank its own shard of the moments
+(`local_optimizer_state`).
 """
 
 from __future__ import annotations
@@ -182,14 +182,56 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """`optimizer.state_dict()`; sharded, the gathered whole state keyed by parameter name
-    (a collective, rank 0 gets it)."""
-    if not is_sharded(model):
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+def local_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """This rank's part of a sharded model's `optimizer.state_dict()`, copied to CPU:
+    each moment (a DTensor sharded as its parameter) becomes the local shard this rank
+    holds. No collective: nothing is gathered, so each rank saves its own share."""
+    from torch.distributed.tensor import DTensor
 
-    return get_optimizer_state_dict(model, optimizer, options=_full_options())
+    def local(value):
+        if isinstance(value, DTensor):
+            value = value.to_local()
+        if isinstance(value, torch.Tensor):
+            return value.detach().to("cpu", copy=True)
+        return value
+
+    state = optimizer.state_dict()
+    moments = {i: {k: local(v) for k, v in s.items()} for i, s in state["state"].items()}
+    return {"state": moments, "param_groups": state["param_groups"]}
+
+
+def load_local_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Inverse of `local_optimizer_state` on the same ranks: each local shard (keyed by
+    index) is made a DTensor laid out as its parameter is, then loaded."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def placed(value, param):
+        if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor):
+            return value
+        if value.dim() == 0 or value.shape != param.to_local().shape:
+            return value  # AdamW's step count: a plain scalar, as it was saved
+        return DTensor.from_local(
+            value.to(param.device),
+            param.device_mesh,
+            param.placements,
+            run_check=False,
+            shape=param.shape,
+            stride=param.stride(),
+        )
+
+    moments = {
+        i: {k: placed(v, params[i]) for k, v in s.items()} for i, s in state["state"].items()
+    }
+    optimizer.load_state_dict({"state": moments, "param_groups": state["param_groups"]})
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the job's size ((0, 1) without a process group)."""
+    if tdist.is_available() and tdist.is_initialized():
+        return tdist.get_rank(), tdist.get_world_size()
+    return 0, 1
 
 
 def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict | None):

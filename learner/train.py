@@ -224,7 +224,7 @@ class Parts:
         )
         return cls(cfg, d, store, base_dir, model, *make_optimizer(model, cfg), ref)
 
-    writer: StateWriter | None = None  # the main rank's
+    writer: StateWriter | None = None  # the main rank's; every rank's under FSDP
     publisher: Publisher | None = None  # the main rank's; every rank's under FSDP
     state_version: int = 0  # the newest version whose training state was taken
     pending: VersionCopy | None = None  # taken by `publish`, handed to the thread by `point`
@@ -232,10 +232,12 @@ class Parts:
     def __post_init__(self) -> None:
         cfg = self.cfg
         lora = cfg.lora.enabled  # adapters: every version, before LATEST (module doc)
-        if self.dist.main:
+        if self._takes_part:  # under FSDP every rank writes its own file of each state
             asynchronous = cfg.state_async and not lora
-            self.writer = StateWriter(self.store, cfg.keep_checkpoints, asynchronous=asynchronous)
-        if self._takes_part:  # under FSDP every rank writes its own file of each version
+            self.writer = StateWriter(
+                self.store, cfg.keep_checkpoints, asynchronous=asynchronous, prune=self.dist.main
+            )
+        if self._takes_part:  # and of each version
             self.publisher = Publisher(
                 self.store,
                 self.model,
@@ -366,6 +368,7 @@ class Parts:
             self._save_state(head.version, record, ledger)
         if self.writer is not None:
             self.writer.wait()
+        if self.dist.main:
             prune_states(self.store, self.cfg.keep_checkpoints)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -64,6 +65,8 @@ def test_fsdp_two_processes_match_one_across_resume(tmp_path):
     # v3's training state: the AdamW moments agree too (keyed by index or by name).
     a, b = (_moments(checkpoint_dir(stores[n], 3)) for n in ("one", "fsdp"))
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+    for version in (2, 3):  # v2's state was resumed from: each rank wrote its own half
+        _assert_sharded_state(checkpoint_dir(stores["fsdp"], version))
 
     m1, m2 = read_metrics(stores["one"]), read_metrics(stores["fsdp"])
     np.testing.assert_allclose(m1["loss"].to_numpy(), m2["loss"].to_numpy(), atol=1e-5)
@@ -74,11 +77,43 @@ def test_fsdp_two_processes_match_one_across_resume(tmp_path):
 
 
 def _moments(folder) -> np.ndarray:
+    """Per parameter and moment, the sum of absolute values: of the whole state, or of
+    the ranks' shards added up (FSDP)."""
     import torch
 
     trainer = torch.load(f"{folder}/trainer.pt", weights_only=True)
-    states = trainer["optimizer"]["state"].values()
-    return np.sort([float(s[k].abs().sum()) for s in states for k in ("exp_avg", "exp_avg_sq")])
+    parts = [trainer["optimizer"]]
+    if "shards" in trainer["optimizer"]:
+        parts = [torch.load(f, weights_only=True) for f in sorted(Path(folder).glob("optimizer-*"))]
+    sums: dict = {}
+    for part in parts:
+        for name, moments in part["state"].items():
+            for k in ("exp_avg", "exp_avg_sq"):
+                sums[name, k] = sums.get((name, k), 0.0) + float(moments[k].abs().sum())
+    return np.sort(list(sums.values()))
+
+
+def _assert_sharded_state(folder) -> None:
+    """An FSDP state: no moments in trainer.pt, one optimiser file per rank, each holding
+    its own shard of every moment (about half the elements: no whole gather on rank 0),
+    the two together as many as the parameters."""
+    import torch
+
+    from gagpo.learner.model import load_model
+
+    trainer = torch.load(f"{folder}/trainer.pt", weights_only=True)
+    assert trainer["optimizer"]["shards"] == 2 and "state" not in trainer["optimizer"]
+    files = sorted(p.name for p in Path(folder).glob("optimizer-*"))
+    assert files == ["optimizer-00001-of-00002.pt", "optimizer-00002-of-00002.pt"]
+    counts = []
+    for name in files:
+        state = torch.load(f"{folder}/{name}", weights_only=True)["state"]
+        counts.append(sum(m["exp_avg"].numel() for m in state.values()))
+    model = load_model(tiny_model_dir(), torch.device("cpu"))
+    total = sum(p.numel() for p in model.parameters())
+    assert sum(counts) == total
+    assert all(0.4 * total <= c <= 0.6 * total for c in counts), (counts, total)
+    assert (Path(folder) / ".complete").exists() and (Path(folder) / ".rank-1").exists()
 
 
 def test_optimizer_state_rekeys_both_ways():
@@ -99,6 +134,17 @@ def test_optimizer_state_rekeys_both_ways():
         for key, value in moments.items():
             assert torch.equal(back["state"][i][key], value)
     assert rekey_optimizer_state(by_name, names, by_name=True) == by_name  # already by name
+
+
+def test_sharded_state_refuses_another_world_size(tmp_path):
+    """A state sharded over 2 FSDP ranks is not resumed by 1 process: one line, which
+    says what is accepted (the world size is checked before any file is read)."""
+    from gagpo.learner.checkpoint import _read_shard
+    from gagpo.schemas.errors import GagpoError
+
+    with pytest.raises(GagpoError, match=r"sharded over 2 FSDP ranks.*runs 1 process") as err:
+        _read_shard(tmp_path, 2, "learner/checkpoints/v4")
+    assert "\n" not in str(err.value) and "parallel = fsdp on 2 processes" in str(err.value)
 
 
 def test_parallel_config():
