@@ -5,6 +5,7 @@ checkpoint forms; the configuration rules."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +34,8 @@ from tests.helpers.learner import (
 
 @pytest.mark.slow
 def test_fsdp_two_processes_match_one_across_resume(tmp_path):
-    """FSDP on 2 processes stops after update 2 (checkpoint) and resumes for update 3; one
-    unsharded process runs the 3 updates on the same data. Each rank pads its micro-batch
+    """FSDP on 2 processes stops after update 2 (its state sharded, one file per rank) and
+    resumes for update 3; one unsharded process runs the 3 updates on the same data. Each rank pads its micro-batch
     list with zero-weight passes and FSDP sums the gradients, so only the float summation
     order differs: published parameters and the final checkpoint agree to 1e-5 absolute
     (measured: below 1e-6), and every group is trained exactly once."""
@@ -74,6 +75,85 @@ def test_fsdp_two_processes_match_one_across_resume(tmp_path):
     ledger = pl.from_arrow(Ledger.load(stores["fsdp"]).table())
     assert ledger["status"].to_list() == [TRAINED] * 9
     assert ledger["update"].to_list() == sorted(ledger["update"].to_list())
+    _whole_state_resumes_under_fsdp(tmp_path, extra)
+
+
+def _whole_state_resumes_under_fsdp(tmp_path, extra) -> None:
+    """A store whose state is whole (one process wrote it, as FSDP did before states were
+    sharded) resumes under FSDP on 2 ranks: its update 4 equals the same store resumed
+    by one process, within the same tolerance."""
+    shutil.copytree(tmp_path / "one", tmp_path / "whole")
+    for name in ("one", "whole"):
+        write_shards(Store(str(tmp_path / name)), 1, groups=3, prefix="t")
+    more = (*extra, "--updates", "4", "--resume")
+    single = run_learner(*learner_args(tmp_path / "one", *more))
+    assert single.returncode == 0, single.stderr[-4000:]
+    fsdp = run_torchrun(*learner_args(tmp_path / "whole", *more, "--parallel", "fsdp"))
+    assert fsdp.returncode == 0, fsdp.stderr[-8000:]
+    assert "optimiser moments of" not in fsdp.stderr and "fresh AdamW" not in fsdp.stderr
+    a = parameters(Store(str(tmp_path / "one")).policies.dir(4))
+    b = parameters(Store(str(tmp_path / "whole")).policies.dir(4))
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=1e-5, rtol=0, err_msg=name)
+    _assert_sharded_state(checkpoint_dir(Store(str(tmp_path / "whole")), 4))
+
+
+@pytest.mark.slow
+def test_fsdp_kill_during_a_sharded_state_write_then_resume(tmp_path):
+    """Rank 0's state thread held inside v2's sharded state (every rank's file in, no
+    marker yet), then rank 0 SIGKILLed (torchrun stops rank 1): that state never counts,
+    and --resume on 2 ranks continues one lineage from LATEST, every group trained once,
+    every state kept complete and sharded."""
+    import os
+    import signal
+    import time
+
+    from gagpo.learner.checkpoint import check_lineage, state_versions
+
+    root = tmp_path / "store"
+    store = Store(str(root))
+    write_shards(store, 3, groups=3)
+    held, args = tmp_path / "held", ("--parallel", "fsdp", "--state-every", "1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [
+        *torchrun,
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "gagpo.learner.cli",
+        *learner_args(root, *args),
+    ]
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**ENV, "GAGPO_LEARNER_HOLD": f"checkpoint:2:{held}"},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while not held.exists() or not held.read_text():
+                assert proc.poll() is None, (tmp_path / "stderr").read_text()[-4000:]
+                assert time.monotonic() < deadline, "rank 0 never reached the hold point"
+                time.sleep(0.05)
+            torn = Path(checkpoint_dir(store, 2))
+            assert (torn / ".rank-1").exists() and not (torn / ".complete").exists()
+            os.kill(int(held.read_text()), signal.SIGKILL)  # rank 0, mid-write
+        finally:
+            proc.wait(timeout=120)
+    latest = store.policies.latest()
+    assert latest in (1, 2)
+    resumed = run_torchrun(*learner_args(root, *args, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-8000:]
+    assert ("optimiser moments of v1" in resumed.stderr) == (latest == 2)
+    assert store.policies.latest() == 3 and check_lineage(store) == []
+    ledger = pl.from_arrow(Ledger.load(store).table())
+    assert ledger["status"].to_list() == [TRAINED] * 9 and ledger["group_id"].n_unique() == 9
+    kept = state_versions(store)
+    assert kept and kept[-1] == 3
+    for version in kept:
+        _assert_sharded_state(checkpoint_dir(store, version))
 
 
 def _moments(folder) -> np.ndarray:
