@@ -32,7 +32,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from gagpo.inspection.report_figures import (
     Run,
@@ -71,10 +71,13 @@ def parse_store_spec(spec: str) -> tuple[str | None, str]:
     return None, spec
 
 
-def _label_runs(specs: list[tuple[str | None, Store]]) -> list[tuple[str, Store]]:
-    out, seen = [], set()
-    for i, (label, store) in enumerate(specs):
-        name = label or Path(store.root.rstrip("/")).name or f"run{i + 1}"
+def run_names(specs: list[tuple[str | None, str]]) -> list[str]:
+    """One distinct name per (label, root): the label, else the root's last folder, else
+    run<i>; a repeated folder name gets -<i>, a repeated label is one error line. `gagpo
+    report` and `gagpo view` name runs this way."""
+    names, seen = [], set()
+    for i, (label, root) in enumerate(specs):
+        name = label or PurePosixPath(root.rstrip("/")).name or f"run{i + 1}"
         if name in seen:
             if label:
                 raise GagpoError(
@@ -82,8 +85,13 @@ def _label_runs(specs: list[tuple[str | None, Store]]) -> list[tuple[str, Store]
                 )
             name = f"{name}-{i + 1}"
         seen.add(name)
-        out.append((name, store))
-    return out
+        names.append(name)
+    return names
+
+
+def _label_runs(specs: list[tuple[str | None, Store]]) -> list[tuple[str, Store]]:
+    names = run_names([(label, store.root) for label, store in specs])
+    return [(name, store) for name, (_, store) in zip(names, specs, strict=True)]
 
 
 def write_report(

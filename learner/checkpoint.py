@@ -78,12 +78,12 @@ from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import acquire, check_lease
 from gagpo.learner.publish import (
     Background,
-    _await_ranks,
-    _rank_done,
+    await_ranks,
     commit_marker,
     folder_bytes,
     is_complete,
     put_folder,
+    rank_done,
     remove_folder,
     upload_files,
 )
@@ -261,7 +261,7 @@ def _write_sharded_state(store: Store, snapshot: StateSnapshot) -> int:
         if shard.rank != 0:
             upload_files(store, folder, remote)
             written = folder_bytes(folder)
-            store.commit_bytes(_rank_done(remote, shard.rank), json.dumps(written).encode())
+            store.commit_bytes(rank_done(remote, shard.rank), json.dumps(written).encode())
             return written
         torch.save(snapshot.trainer, folder / STATE_TRAINER)
         pq.write_table(snapshot.ledger, folder / STATE_LEDGER)
@@ -272,14 +272,14 @@ def _write_sharded_state(store: Store, snapshot: StateSnapshot) -> int:
         }
         try:
             upload_files(store, folder, remote)
-            _await_ranks(store, remote, shard.world)
+            await_ranks(store, remote, shard.world)
             fault_point("checkpoint")
             commit_marker(store, remote, sorted(files))
         except StoreFullError:
             store.remove(remote, recursive=True)
             raise
         others = sum(
-            json.loads(store.read_bytes(_rank_done(remote, r))) for r in range(1, shard.world)
+            json.loads(store.read_bytes(rank_done(remote, r))) for r in range(1, shard.world)
         )
         return folder_bytes(folder) + others
 

@@ -262,7 +262,7 @@ def write_shard(store: Store, model, base_dir: Path, version: VersionCopy) -> in
         save_file(version.weights, str(mine), metadata={"format": "pt"})
         if shards.rank != 0:
             upload_files(store, folder, remote)
-            store.commit_bytes(_rank_done(remote, shards.rank), b"{}")
+            store.commit_bytes(rank_done(remote, shards.rank), b"{}")
             return folder_bytes(folder)
         copy_tokenizer_files(base_dir, folder)
         _write_config(model, folder, version.dtype)
@@ -278,7 +278,7 @@ def write_shard(store: Store, model, base_dir: Path, version: VersionCopy) -> in
         )
         try:
             upload_files(store, folder, remote)
-            _await_ranks(store, remote, shards.world)
+            await_ranks(store, remote, shards.world)
             fault_point("publish")
             commit_marker(store, remote, files)
         except StoreFullError:
@@ -291,14 +291,17 @@ SHARD_INDEX = "model.safetensors.index.json"
 RANK_WAIT_S = 1800.0  # a rank that never writes its file died: torchrun stops the job
 
 
-def _rank_done(remote: str, rank: int) -> str:
+def rank_done(remote: str, rank: int) -> str:
+    """The marker rank `rank` commits once its file of the folder `remote` is in (sharded
+    publications and training states: rank 0 commits `.complete` after every rank's)."""
     return posixpath.join(remote, f".rank-{rank}")
 
 
-def _await_ranks(store: Store, remote: str, world: int) -> None:
+def await_ranks(store: Store, remote: str, world: int) -> None:
+    """Rank 0's wait for every other rank's marker in `remote`, bounded by RANK_WAIT_S."""
     deadline = time.monotonic() + RANK_WAIT_S
     for rank in range(1, world):
-        while not store.exists(_rank_done(remote, rank)):
+        while not store.exists(rank_done(remote, rank)):
             if time.monotonic() > deadline:
                 raise GagpoError(
                     f"rank {rank} never wrote its file of {remote} within {RANK_WAIT_S:.0f} s"

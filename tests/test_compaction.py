@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -359,30 +358,6 @@ def test_a_format_1_manifest_is_read_and_migrated(store_dir: Path):
     assert newest["format"] == 2 and "compacted" not in newest
     assert_each_group_once(store, before)
     assert_tidy(store)
-
-
-@pytest.mark.parametrize("name", ["store", "glob[1]store"])
-def test_the_documented_plain_reading_of_the_archive_counts_each_row_once(tmp_path, name):
-    """docs/store.md's Python block (no gagpo import) finds the same rows as the reader,
-    halfway through a compaction (a moved shard still in the inbox) and after it, also in
-    a folder whose name holds glob characters."""
-    store_dir = tmp_path / name
-    text = (Path(__file__).parents[1] / "docs" / "store.md").read_text()
-    block = text.split("**Reading the archive without gagpo.**")[1].split("```python")[1]
-    code = block.split("```")[0].replace('store = "runs/a"', f"store = {str(store_dir)!r}")
-    store = Store(str(store_dir))
-    refs = fill(store, 5)
-    compact(store, refs[:3], None)
-    fill(store, 2, first=5)
-    want = read_steps_table(store).num_rows
-    scope: dict = {}
-    exec(compile(code, "docs/store.md", "exec"), scope)  # our own docs
-    assert scope["steps"].select(pl.len()).collect().item() == want
-    manifest = read_manifest(store)
-    store.fs.rm_file(cleared_path(store, manifest.generation))
-    put(store, refs[0].path, store.read_bytes(refs[3].path))  # moved, not yet removed
-    exec(compile(code, "docs/store.md", "exec"), scope)
-    assert scope["steps"].select(pl.len()).collect().item() == want
 
 
 # --- 2. the ledger --------------------------------------------------------------------

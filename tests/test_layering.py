@@ -204,8 +204,7 @@ def test_the_engine_refuses_config_models_and_click(tmp_path, monkeypatch):
     folder = tmp_path / "storage"
     folder.mkdir()
     (folder / "bad.py").write_text(
-        "import click\nfrom gagpo.schemas.config import Config\n"
-        "from gagpo.schemas import layout\n"
+        "import click\nfrom gagpo.schemas.config import Config\nfrom gagpo.schemas import layout\n"
     )
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     assert violations("storage") == [

@@ -25,24 +25,15 @@ if TYPE_CHECKING:
 
 def sessions(specs: tuple[str, ...], gamma: float, limits) -> list:
     """One StoreSession per `--store [LABEL=]URL`, labelled as `gagpo report` labels runs."""
-    from pathlib import PurePosixPath
-
-    from gagpo.inspection.report import parse_store_spec
+    from gagpo.inspection.report import parse_store_spec, run_names
     from gagpo.inspection.view.data import StoreSession
 
-    out, seen = [], set()
-    for i, spec in enumerate(specs):
-        label, url = parse_store_spec(spec)
-        name = label or PurePosixPath(url.rstrip("/")).name or f"run{i + 1}"
-        if name in seen:
-            if label:
-                raise GagpoError(
-                    f"--store label {label!r} is given twice; accepted: distinct labels"
-                )
-            name = f"{name}-{i + 1}"
-        seen.add(name)
-        out.append(StoreSession(name, url, limits=limits, gamma=gamma))
-    return out
+    parsed = [parse_store_spec(spec) for spec in specs]
+    names = run_names(parsed)
+    return [
+        StoreSession(name, url, limits=limits, gamma=gamma)
+        for name, (_, url) in zip(names, parsed, strict=True)
+    ]
 
 
 def check_port_free(host: str, port: int) -> None:
