@@ -26,18 +26,22 @@ OUTAGE_S = 1.0
 
 
 class Outages:
-    """Stops the endpoint at a hooked phase (twice per phase at most, unless it is down or
-    came back a moment ago) and restarts it
-    OUTAGE_S later."""
+    """Stops the endpoint at a hooked phase (twice per phase at most) and restarts it
+    OUTAGE_S later. A phase's first outage always happens: reached while the endpoint is
+    down (the publishing thread runs beside the update), it waits for the endpoint to come
+    back, then stops it again. A second one is skipped then, or a moment after a return."""
 
     def __init__(self, emu) -> None:
         self.emu, self.down, self.phases = emu, threading.Lock(), []
         self.back_at = -1e9
 
     def __call__(self, phase: str) -> None:
-        if self.phases.count(phase) >= 2 or time.monotonic() - self.back_at < 0.1:
+        first = phase not in self.phases
+        if self.phases.count(phase) >= 2:
             return
-        if not self.down.acquire(blocking=False):
+        if not first and time.monotonic() - self.back_at < 0.1:
+            return
+        if not self.down.acquire(blocking=first):
             return
         self.phases.append(phase)
         self.emu.stop()
