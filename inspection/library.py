@@ -26,13 +26,13 @@ import math
 import threading
 from typing import TYPE_CHECKING
 
+from gagpo.inspection.sql import DEFAULT_GAMMA
 from gagpo.schemas.errors import GagpoError, describe
 
 if TYPE_CHECKING:
     import polars as pl
 
-# `gagpo sql`'s defaults (inspection/cli.py): --gamma, --timeout.
-DEFAULT_GAMMA = 0.95
+# `gagpo sql`'s defaults: --gamma (inspection/sql.py), --timeout (inspection/cli.py).
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 1e7
 
