@@ -146,7 +146,7 @@ def metrics_row(
 ) -> dict:
     """The metrics of `update`, which published `version`: its batch was formed at the
     version before, and its staleness is measured there (schemas.policy.staleness);
-    `costs` are its commit's (`Parts.publish`)."""
+    `costs` are its commit's (`Trainer.take_version`)."""
     staleness = group_staleness(batch, version - 1)
     return (
         stats
@@ -181,8 +181,10 @@ def histograms(counts: dict, batch: Batch, version: int, max_staleness: int) -> 
 
 
 @dataclass
-class Parts:
-    """What the loop works with, built once from the config."""
+class Trainer:
+    """The model, optimiser and store of one learner process, built once from the config,
+    and how each version it trains leaves it: `take_version` (the weights, and the
+    training state when due) then `release_version` (to the publishing thread, or LATEST)."""
 
     cfg: LearnerConfig
     dist: Dist
@@ -194,7 +196,7 @@ class Parts:
     ref_model: torch.nn.Module | None
 
     @classmethod
-    def build(cls, cfg: LearnerConfig, d: Dist, echo=None) -> Parts:
+    def build(cls, cfg: LearnerConfig, d: Dist, echo=None) -> Trainer:
         torch.manual_seed(cfg.seed)
         store = Store(cfg.store)
         check_start(cfg)  # nothing to wait for: fail now (the CLI ran it before importing torch)
@@ -227,7 +229,9 @@ class Parts:
     writer: StateWriter | None = None  # the main rank's; every rank's under FSDP
     publisher: Publisher | None = None  # the main rank's; every rank's under FSDP
     state_version: int = 0  # the newest version whose training state was taken
-    pending: VersionCopy | None = None  # taken by `publish`, handed to the thread by `point`
+    pending: VersionCopy | None = (
+        None  # taken by `take_version`, handed to the thread by `release_version`
+    )
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -269,10 +273,12 @@ class Parts:
         return self.cfg.publish_async and not self.cfg.lora.enabled and not last
 
     # Called by every rank: under FSDP each writes its own tensors; otherwise rank 0 alone.
-    def publish(self, head: Head, update: int, ledger: Ledger | None, last: bool) -> tuple:
+    def take_version(
+        self, head: Head, update: int, ledger: Ledger | None, last: bool
+    ) -> tuple[Head, dict]:
         """Take the child of `head` made by `update`: wait for the previous version's
         publication (LATEST is then `head`), take the training state when due, then the
-        weights, copied in the published dtype for the thread that `point` hands them to,
+        weights, copied in the published dtype for the thread that `release_version` hands them to,
         or written at once (the run's last version, LoRA, publish_async = false). Returns
         the child and the costs on the critical path: publish_s (that wait, and the copy
         or the write), state_s (taking the state, and waiting for the previous one),
@@ -347,10 +353,10 @@ class Parts:
             self.writer.save(snapshot)
         self.state_version = version
 
-    def point(self, child: Head) -> None:
+    def release_version(self, child: Head) -> None:
         """Once `child`'s metrics row is written: its copy handed to the writer thread,
         which writes the folder, then points LATEST at it; or, written at once by
-        `publish`, LATEST → `child` now. Then the versions are pruned."""
+        `take_version`, LATEST → `child` now. Then the versions are pruned."""
         if self.pending is not None:
             version, self.pending = self.pending, None
             self.publisher.publish(version)
@@ -382,85 +388,131 @@ def _archive(feed: Feed, result) -> None:
 def train(cfg: LearnerConfig, echo=None) -> LearnerSummary:
     """Run the learner until `cfg.updates` updates are done (or the data runs out)."""
     d = init_dist(cfg.device)
-    p = Parts.build(cfg, d, echo)
-    fresh = cfg.resume and d.main and not has_learner_state(p.store)
+    t = Trainer.build(cfg, d, echo)
     say = echo or (lambda line: print(line, file=sys.stderr))
+    head, ledger = _resume_head(t, say)
+    loop = _Loop.open(t, head, ledger, echo)
+    summary = LearnerSummary()
+    while loop.update < cfg.updates:
+        if not loop.step(summary):
+            break
+    loop.close(summary)
+    summary.updates, summary.version = loop.update, loop.version
+    if d.main:
+        release_lease(t.store)  # the next learner may take the store at once
+    close_dist(d)
+    return summary
+
+
+def _resume_head(t: Trainer, say) -> tuple[Head, Ledger | None]:
+    """The head the run continues from (LATEST under --resume, else v0) and its ledger."""
+    cfg, d = t.cfg, t.dist
+    nothing_to_resume = cfg.resume and d.main and not has_learner_state(t.store)
     head, ledger = start(
-        p.store,
+        t.store,
         resume=cfg.resume,
-        model=p.model,
-        optimizer=p.optimizer,
-        scheduler=p.scheduler,
+        model=t.model,
+        optimizer=t.optimizer,
+        scheduler=t.scheduler,
         main=d.main,
         steps_per_update=cfg.mini_batches,
         say=say,
     )
-    update, version = head.update, head.version
-    p.state_version = version  # a resumed run writes no state before its first update
-    if fresh:  # documented: --resume on a store no learner published to starts at v0
+    t.state_version = head.version  # a resumed run writes no state before its first update
+    if nothing_to_resume:  # documented: --resume on a store no learner published to starts at v0
         say(f"--resume: store {cfg.store} holds no learner state yet; starting fresh from v0")
-    vocab_size = getattr(p.model.config, "vocab_size", None)
-    feed = make_feed(p.store, ledger, cfg, vocab_size) if d.main else None
-    if d.main:
-        feed.announce(version)  # B and max_staleness reach the actors' throttle
-    log = MetricsLog.for_config(p.store, cfg, echo=echo, start=update) if d.main else None
-    # the archive's single writer is this learner (it holds the lease); never on a replay
-    compactor = Compactor(p.store, cfg.compaction, echo) if d.main and not cfg.replay else None
-    pad_id = getattr(p.model.config, "pad_token_id", None) or 0
-    summary = LearnerSummary()
-    while update < cfg.updates:
+    return head, ledger
+
+
+@dataclass
+class _Loop:
+    """The update loop's moving parts: the feed, metrics log and compactor live on rank 0
+    (None elsewhere); `head` is the newest version taken, `update`/`version` its counters."""
+
+    t: Trainer
+    head: Head
+    feed: Feed | None
+    log: MetricsLog | None
+    compactor: Compactor | None
+    pad_id: int
+
+    @property
+    def update(self) -> int:
+        return self.head.update
+
+    @property
+    def version(self) -> int:
+        return self.head.version
+
+    @classmethod
+    def open(cls, t: Trainer, head: Head, ledger: Ledger | None, echo) -> _Loop:
+        cfg, main = t.cfg, t.dist.main
+        vocab_size = getattr(t.model.config, "vocab_size", None)
+        feed = make_feed(t.store, ledger, cfg, vocab_size) if main else None
+        if main:
+            feed.announce(head.version)  # B and max_staleness reach the actors' throttle
+        log = MetricsLog.for_config(t.store, cfg, echo=echo, start=head.update) if main else None
+        # the archive's single writer is this learner (it holds the lease); never on a replay
+        compactor = Compactor(t.store, cfg.compaction, echo) if main and not cfg.replay else None
+        pad_id = getattr(t.model.config, "pad_token_id", None) or 0
+        return cls(t, head, feed, log, compactor, pad_id)
+
+    def step(self, summary: LearnerSummary) -> bool:
+        """One update: the batch, the optimiser steps, then the ledger, the version taken
+        (and the state when due), its metrics row, and the version released to LATEST
+        (module docstring). False once the feed has no batch left."""
+        t, cfg, d, feed = self.t, self.t.cfg, self.t.dist, self.feed
         t_wait = time.time()
-        batch = feed.next_batch(version, update + 1) if d.main else None  # rank 0 reads
+        batch = feed.next_batch(self.version, self.update + 1) if d.main else None  # rank 0 reads
         table = broadcast_table(batch.steps.select(BATCH_COLUMNS).to_arrow() if batch else None, d)
         if table is None:
-            break
+            return False
         t0 = time.time()
-        faults.set_update(update + 1)
+        faults.set_update(self.update + 1)
         stats, hists = run_update(
-            p.model,
-            p.optimizer,
-            p.scheduler,
+            t.model,
+            t.optimizer,
+            t.scheduler,
             table,
-            version=version,
+            version=self.version,
             cfg=cfg,
             d=d,
-            pad_id=pad_id,
-            ref_model=p.ref_model,
+            pad_id=self.pad_id,
+            ref_model=t.ref_model,
         )
-        stats["lr"] = p.scheduler.get_last_lr()[0]
-        update, version = update + 1, version + 1
-        # ledger → state (when due) → policy folder → metrics → LATEST (module docstring)
+        stats["lr"] = t.scheduler.get_last_lr()[0]
+        update, trained = self.update + 1, self.version
         if d.main:
-            feed.commit(batch, update, version - 1)
+            feed.commit(batch, update, trained)
         t1 = time.time()
-        ledger = feed.ledger if d.main else None
-        child, costs = p.publish(head, update, ledger, last=update == cfg.updates)
+        last = update == cfg.updates
+        child, costs = t.take_version(self.head, update, feed.ledger if d.main else None, last)
         if d.main:
-            log.write(
-                metrics_row(update, version, batch, stats, feed, t_wait, t0, t1, costs),
-                histograms(hists, batch, version - 1, cfg.max_staleness),
+            self.log.write(
+                metrics_row(update, child.version, batch, stats, feed, t_wait, t0, t1, costs),
+                histograms(hists, batch, trained, cfg.max_staleness),
             )
             summary.groups += len(batch.groups)
-        p.point(child)
-        head = child
+        t.release_version(child)
+        self.head = child
         summary.tokens += stats["tokens"]
-        if compactor is not None:  # off the critical path: a thread, collected later
-            _archive(feed, compactor.collect())
-            compactor.maybe_start(feed.ledger.table, update, feed.consumed_bytes())
-    p.finish(head, feed.ledger if d.main else None)
-    if d.main:
-        log.close()
-        if compactor is not None:
-            _archive(feed, compactor.collect(wait=True))
-            summary.compactions = compactor.compactions
-        feed.commit(None, update, version)  # groups dropped since the last batch
-        summary.stopped = feed.stop_reason if update < cfg.updates else None
-        summary.stale_groups, summary.rejected_shards = (
-            feed.stats.groups_stale,
-            feed.stats.shards_rejected,
-        )
-    summary.updates, summary.version = update, version
-    if d.main:
-        release_lease(p.store)  # the next learner may take the store at once
-    close_dist(d)
-    return summary
+        if self.compactor is not None:  # off the critical path: a thread, collected later
+            _archive(feed, self.compactor.collect())
+            self.compactor.maybe_start(feed.ledger.table, update, feed.consumed_bytes())
+        return True
+
+    def close(self, summary: LearnerSummary) -> None:
+        """The last state and publication, the log, the compaction in flight, and the
+        ledger's final commit (groups dropped since the last batch)."""
+        t, feed = self.t, self.feed
+        t.finish(self.head, feed.ledger if t.dist.main else None)
+        if not t.dist.main:
+            return
+        self.log.close()
+        if self.compactor is not None:
+            _archive(feed, self.compactor.collect(wait=True))
+            summary.compactions = self.compactor.compactions
+        feed.commit(None, self.update, self.version)
+        summary.stopped = feed.stop_reason if self.update < t.cfg.updates else None
+        summary.stale_groups = feed.stats.groups_stale
+        summary.rejected_shards = feed.stats.shards_rejected
