@@ -67,7 +67,7 @@ def run_placed(
     """The plan's processes in their placement groups, supervised until the learner ends;
     its exit code. Whatever happens, every process is stopped, the restarts are recorded in
     `store`, and every Ray actor and placement group of the run is removed."""
-    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     name = f"gagpo-{run_id}"
@@ -98,16 +98,7 @@ def run_placed(
 
     actors: list[Held] = []
     try:
-        ready, _ = ray.wait(
-            [g.ready() for g in groups], num_returns=len(groups), timeout=config.place_timeout_s
-        )
-        if len(ready) < len(groups):
-            raise GagpoError(
-                f"the Ray cluster cannot place this run within {config.place_timeout_s:g} s: it "
-                f"needs {placement.actor_bundles} ({ACTORS_STRATEGY}) and {placement.learner_bundles} "
-                f"({placement.learner_strategy}) and has {ray.cluster_resources()}; accepted: a "
-                "cluster with those resources, or fewer actors (--actors, [run] actor_gpus)"
-            )
+        _await_placement(ray, groups, placement, config)
         for i, p in enumerate(plan.actors):
             h = Held(p.label, None, bundle=i)
             h.handle = new_actor_host(h, "")  # incarnation 0: the plan's own command line
@@ -122,31 +113,55 @@ def run_placed(
         learner.launch(None)
         return _supervise(ray, actors, learner, config, echo, events, new_actor_host)
     finally:
-        # Ended or interrupted: the learner stops between updates (SIGINT), then the actors
-        # finish their groups (SIGTERM), as gagpo run stops them; then every Ray actor and
-        # the placement groups of this run go.
-        with contextlib.suppress(KeyboardInterrupt):
-            _stop_all(ray, actors, learner, config, echo)
-        for h in actors:
-            if h.placing is not None:  # placed again, and no node held it before the end
-                events.append(
-                    event(
-                        h.label,
-                        h.incarnation,
-                        None,
-                        f"{h.placing[1]}; the run ended before a node could hold it",
-                        replaced=False,
-                    )
+        _tear_down(ray, actors, learner, groups, config, echo, (events, store, run_id))
+
+
+def _await_placement(ray, groups: list, placement: Placement, config) -> None:
+    """Wait for every placement group, or stop with one line saying what the run needs."""
+    ready, _ = ray.wait(
+        [g.ready() for g in groups], num_returns=len(groups), timeout=config.place_timeout_s
+    )
+    if len(ready) < len(groups):
+        raise GagpoError(
+            f"the Ray cluster cannot place this run within {config.place_timeout_s:g} s: it "
+            f"needs {placement.actor_bundles} ({ACTORS_STRATEGY}) and {placement.learner_bundles} "
+            f"({placement.learner_strategy}) and has {ray.cluster_resources()}; accepted: a "
+            "cluster with those resources, or fewer actors (--actors, [run] actor_gpus)"
+        )
+
+
+def _tear_down(ray, actors: list[Held], learner, groups: list, config, echo, record) -> None:
+    """Ended or interrupted: the learner stops between updates (SIGINT), then the actors
+    finish their groups (SIGTERM), as gagpo run stops them; an actor still waiting to be
+    placed again is recorded as not replaced; the restarts are said and written to the
+    store (`record`: events, store, run id); then every Ray actor and placement group of
+    this run goes."""
+    from ray.util.placement_group import remove_placement_group
+
+    events, store, run_id = record
+
+    with contextlib.suppress(KeyboardInterrupt):
+        _stop_all(ray, actors, learner, config, echo)
+    for h in actors:
+        if h.placing is not None:  # placed again, and no node held it before the end
+            events.append(
+                event(
+                    h.label,
+                    h.incarnation,
+                    None,
+                    f"{h.placing[1]}; the run ended before a node could hold it",
+                    replaced=False,
                 )
+            )
+    with contextlib.suppress(Exception):
+        echo(restarts_text(events))
+        write_restarts(store, run_id, events)
+    for h in actors + learner.hosts:
         with contextlib.suppress(Exception):
-            echo(restarts_text(events))
-            write_restarts(store, run_id, events)
-        for h in actors + learner.hosts:
-            with contextlib.suppress(Exception):
-                ray.kill(h.handle, no_restart=True)
-        for group in groups[1:] + learner.groups:
-            with contextlib.suppress(Exception):
-                remove_placement_group(group)
+            ray.kill(h.handle, no_restart=True)
+    for group in groups[1:] + learner.groups:
+        with contextlib.suppress(Exception):
+            remove_placement_group(group)
 
 
 class _Learner:
