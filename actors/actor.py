@@ -74,8 +74,10 @@ class ActorSummary:
     groups_lost: int = 0  # dropped because their environment raised (actors/rollout.py)
     groups_in_flight: int = 1  # K
     # Steps after a rollout's first whose prompt does not extend the previous step's prompt
-    # and action (an agent that edited its history, a window that dropped a turn).
-    prompt_breaks: int = 0
+    # and action (schemas/extends.py): drift (an agent that edited its history, a template
+    # that rendered a turn afresh) and window slides (a history window that dropped a turn).
+    prompt_drift: int = 0
+    window_slides: int = 0
     loads: list[VersionLoad] = field(default_factory=list)  # per version loaded, in order
 
     @property
@@ -93,7 +95,8 @@ class ActorSummary:
         self.tokens += sum(len(ids) for ids in result.columns[C.ACTION_IDS])
         self.successes += result.successes
         self.versions |= result.versions
-        self.prompt_breaks += result.breaks
+        self.prompt_drift += result.drift
+        self.window_slides += result.slides
 
 
 def sampling_seed(seed: int, run_id: str, group_index: int) -> int:

@@ -85,8 +85,9 @@ def _print_summary(summary, store_url: str) -> None:
             if summary.groups_lost
             else ""
         )
-        # Breaks (issue 38): later steps whose prompt does not extend the previous step's.
-        + f"; prompt breaks {summary.prompt_breaks}/{max(summary.steps - summary.rollouts, 0)}"
+        # Later steps whose prompt does not extend the previous step's (schemas/extends.py).
+        + f"; prompt drift {summary.prompt_drift}/{max(summary.steps - summary.rollouts, 0)}"
+        + f" (window slides {summary.window_slides})"
     )
     click.echo(
         f"time: generate {summary.seconds_generate / total:.0%}, environment "

@@ -26,8 +26,9 @@ the others go on (`GroupLost`).
 
 Prompts (issue 38): a turn's prompt ids extend the previous turn's prompt and sampled
 reply ids wherever the chat holds that reply unchanged (actors/policies/prompt_ids.py), so
-the tokens a policy sampled are the tokens the next prompt holds; a step whose prompt does
-not is a break, counted per group. A prompt past the policy's limits is never cut inside
+the tokens a policy sampled are the tokens the next prompt holds. A step whose prompt does
+not is counted per group as a window slide (a history window dropped its oldest turn) or
+as drift (anything else), by the one rule of schemas/extends.py. A prompt past the policy's limits is never cut inside
 a turn: a native environment's oldest whole turns are dropped (actors/prompts.py), and a
 rollout whose current turn alone does not fit ends truncated; an agent's call gets
 OpenAI's 400 `context_length_exceeded` and no step (envs/openai_chat.py).
@@ -50,6 +51,7 @@ from gagpo.actors.slots import Slots, Started
 from gagpo.envs.base import Environment
 from gagpo.envs.parse import parse_action
 from gagpo.schemas import columns as C
+from gagpo.schemas import extends
 from gagpo.schemas.seeds import derive_seed
 
 # Replies chosen by someone other than the policy (an expert): one per (env, admissible).
@@ -80,7 +82,10 @@ class GroupResult:
     versions: set[int]
     seconds_generate: float = 0.0  # set by `rollout_group` only: groups in flight share time
     seconds_env: float = 0.0
-    breaks: int = 0  # steps after a rollout's first whose prompt does not extend the previous
+    # Steps after a rollout's first whose prompt does not extend the previous step's prompt
+    # and action (schemas/extends.py): drift, and window slides (a history window moved on).
+    drift: int = 0
+    slides: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,8 @@ class _Group:
     started: int = 0  # rollouts whose reset returned
     outstanding: int = 0  # environment calls not yet returned
     lost: str | None = None
-    breaks: int = 0
+    drift: int = 0
+    slides: int = 0
 
 
 @dataclass(eq=False)
@@ -410,8 +416,10 @@ class Rollouts:
         r, group, sample, prompt = reply.rollout, reply.rollout.group, reply.sample, reply.prompt
         assert sample is not None and prompt is not None and reply.answer is not None
         task = group.task
-        if r.prior is not None and not _extends(prompt.ids, r.prior):
-            group.breaks += 1
+        if r.prior is not None:
+            found = extends.kind(prompt.ids, r.prior.prompt, r.prior.action)
+            group.drift += found == "drift"
+            group.slides += found == "slide"
         row = {
             C.RUN_ID: self.run_id,
             C.SHARD_ID: None,
@@ -497,7 +505,8 @@ class Rollouts:
                     steps=len(group.columns[C.STEP]),
                     successes=sum(x.won for x in group.rollouts),
                     versions=set(group.columns[C.POLICY_VERSION]),
-                    breaks=group.breaks,
+                    drift=group.drift,
+                    slides=group.slides,
                 )
             )
 
@@ -510,16 +519,6 @@ class Rollouts:
         if mine and hasattr(self.policy, "abort"):
             self.policy.abort(mine)
         self._finished.append(GroupLost(group.task, reason))
-
-
-def _extends(prompt: list[int], prior: Prior) -> bool:
-    """Whether `prompt` begins with the prior turn's prompt and action ids."""
-    n, m = len(prior.prompt), len(prior.action)
-    return (
-        len(prompt) >= n + m
-        and tuple(prompt[:n]) == prior.prompt
-        and tuple(prompt[n : n + m]) == prior.action
-    )
 
 
 def _turn_rewards(r: _Rollout, tr) -> None:

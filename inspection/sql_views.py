@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from gagpo.inspection.sql_sources import ESTIMATOR
 from gagpo.schemas import columns as C
+from gagpo.schemas.extends import EXTENDS_SQL, SHARED_SQL, SLIDES_SQL, TRAJECTORY_KEY
 
 # name -> what one row is; shown by `.views` in the interactive prompt and in docs.
 VIEWS = {
@@ -18,7 +19,7 @@ VIEWS = {
     "advantages": "one step under one estimator tag (advantages table + estimator)",
     "estimators": "one advantage tag: estimator name, JSON parameters, shard files",
     "step_returns": "one step: discounted return-to-go at the session's gamma",
-    "prompt_drift": "one step: does its prompt extend the previous step's prompt and action",
+    "prompt_drift": "one step: does its prompt extend the previous step's prompt and action, or slide a window, or drift",
     "trajectories": "one rollout: return, success (= won), length, policy version",
     "groups": "one group: success rate, return spread, singleton states",
     "state_pools": "one (estimator, group, state): visits, its pool under the grouping, value proxy",
@@ -45,33 +46,38 @@ def _return_block(gamma: float) -> int:
     return max(1, math.floor(230.0 / -math.log(gamma)))
 
 
-# The drift audit (issue 38). An agent sends its whole conversation every turn, so step t's
-# prompt should begin with step t-1's prompt_ids + action_ids; where it does, the learner
-# encodes both in one segment. It does not where the sampled reply did not survive the
-# round trip through text and the chat template (retokenization drift), or the agent edited
-# its history: a break. `shared_tokens` says how far the prompt follows the previous turn
-# (per token only on a break; the prefix test already answers it elsewhere). Partitioned
-# by group as well as rollout, so a filter on group_id reaches the scans through the window
-# (the group page of `gagpo view` reads one group). Its own view, not a column of `steps`:
-# the window sorts every prompt, which a plain read of `steps` should never pay for.
-# `lambda i: …` is DuckDB's lambda from 1.3 on; 2.0 refuses the older arrow form.
+# The drift audit (issues 38, 47). Step t's prompt should begin with step t-1's prompt_ids +
+# action_ids (`extends_previous`); where it does, the learner encodes both in one segment.
+# Where it does not, the step is a window slide (a history window dropped its oldest turn:
+# the previous prompt with one span cut after the shared prefix, the rest kept) or drift
+# (the reply did not survive the round trip through text and the template, a template
+# rendered earlier turns afresh, or an agent edited its history). The rules are those of
+# schemas/extends.py, in its SQL text. `shared_tokens` says how far the prompt follows the
+# previous turn. Partitioned by the trajectory key (group, rollout), so a filter on
+# group_id reaches the scans through the window (the group page of `gagpo view` reads one
+# group). Its own view, not a column of `steps`: the window sorts every prompt, which a
+# plain read of `steps` should never pay for.
 PROMPT_DRIFT = f"""
     CREATE VIEW prompt_drift AS
     WITH turns AS (
         SELECT {C.RUN_ID}, {C.GROUP_ID}, {C.TRAJ_ID}, {C.STEP}, {C.ENV}, {C.POLICY_VERSION},
                {C.PROMPT_IDS} AS prompt,
-               lag({C.PROMPT_IDS} || {C.ACTION_IDS}) OVER (
-                   PARTITION BY {C.GROUP_ID}, {C.TRAJ_ID} ORDER BY {C.STEP}) AS previous
+               lag({C.PROMPT_IDS}) OVER trajectory AS previous_prompt,
+               lag({C.PROMPT_IDS} || {C.ACTION_IDS}) OVER trajectory AS previous
         FROM steps
+        WINDOW trajectory AS (PARTITION BY {", ".join(TRAJECTORY_KEY)} ORDER BY {C.STEP})
     ), tested AS (
-        SELECT *, len(prompt) >= len(previous) AND prompt[1:len(previous)] = previous
-                  AS extends_previous
+        SELECT *, {EXTENDS_SQL} AS extends_previous, {SHARED_SQL} AS shared
         FROM turns
+    ), sorted AS (
+        SELECT *, {SLIDES_SQL} AS window_slide FROM tested
     )
     SELECT {C.RUN_ID}, {C.GROUP_ID}, {C.TRAJ_ID}, {C.STEP}, {C.ENV}, {C.POLICY_VERSION},
            len(prompt) AS prompt_tokens,
            len(previous) AS previous_tokens,
            extends_previous,
+           window_slide,
+           NOT extends_previous AND NOT window_slide AS drift,
            CASE WHEN extends_previous THEN len(previous)
                 WHEN NOT extends_previous THEN coalesce(
                     list_position(
@@ -80,7 +86,7 @@ PROMPT_DRIFT = f"""
                         true) - 1,
                     least(len(prompt), len(previous)))
            END AS shared_tokens
-    FROM tested
+    FROM sorted
 """
 
 

@@ -1,8 +1,11 @@
-"""The drift audit (issue 38): the `prompt_drift` view says, for every step, whether its
-prompt begins with the previous step's prompt_ids + action_ids, and `gagpo view`'s group
-page marks the steps where it does not. Both are checked against a brute-force reading of
-the prefix property in Python, over conversations that keep their history, drift (a reply
-re-tokenized), edit or cut it, and environments whose prompts never extend the previous turn."""
+"""The drift audit (issues 38, 47): the `prompt_drift` view says, for every step, whether its
+prompt begins with the previous step's prompt_ids + action_ids, slides a history window
+(the previous prompt with its oldest turn dropped), or drifts; `gagpo view`'s group page
+marks the drift and counts the slides. Both are checked against a brute-force reading of
+the rules in Python, over conversations that keep their history, drift (a reply
+re-tokenized), edit or cut it, and a native environment's history window; and the one
+definition of schemas/extends.py (the actor's, the learner's arrays, the view's SQL) is
+held to one answer."""
 
 from __future__ import annotations
 
@@ -10,16 +13,18 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gagpo.inspection import sql
 from gagpo.inspection import sql_sources as src
 from gagpo.inspection.view.data import StoreSession, group_view
 from gagpo.schemas import columns as C
+from gagpo.schemas import extends as rule
 from gagpo.storage.archive import step_files
 from gagpo.storage.compaction import compact
 from gagpo.storage.store import Store
-from tests.helpers.drift import GROUPS, HAND_BREAKS, brute_force, build_store
+from tests.helpers.drift import GROUPS, HAND_BREAKS, brute_force, build_store, kinds
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "inspect.md"
 
@@ -77,6 +82,8 @@ def test_prompt_drift_columns_and_first_steps(store):
         "prompt_tokens",
         "previous_tokens",
         "extends_previous",
+        "window_slide",
+        "drift",
         "shared_tokens",
     ]
     rows = table.to_pylist()
@@ -100,16 +107,21 @@ def test_the_docs_query_counts_breaks_per_run(store):
         for traj, turns in conversations.items():
             for t in range(1, len(turns)):
                 expected[run][0] += 1
-                expected[run][1] += reference[(traj, t)][0] is False
-    assert {run: [r["turns"], r["breaks"]] for run, r in got.items()} == expected
+                expected[run][1] += kinds()[(traj, t)] == "drift"
+    assert {run: [r["turns"], r["drifted"]] for run, r in got.items()} == expected
     for row in got.values():
-        assert row["break_rate"] == pytest.approx(row["breaks"] / row["turns"])
+        assert row["drift_rate"] == pytest.approx(row["drifted"] / row["turns"])
+    slides: dict[str, int] = defaultdict(int)
+    for (traj, _), found in kinds().items():
+        run = next(run for run, c in GROUPS.values() if traj in c)
+        slides[run] += found == "slide"
+    assert {run: r["slides"] for run, r in got.items()} == slides
 
     group_of = {traj: group for group, (_, c) in GROUPS.items() for traj in c}
     breaks = sorted(
         (group_of[traj], traj, step, shared, previous)
         for (traj, step), (extends, shared, previous) in reference.items()
-        if extends is False
+        if kinds()[(traj, step)] == "drift"
     )
     got = [
         (r[C.GROUP_ID], r[C.TRAJ_ID], r[C.STEP], r["shared_tokens"], r["previous_tokens"])
@@ -119,8 +131,8 @@ def test_the_docs_query_counts_breaks_per_run(store):
 
 
 # --- gagpo view's group page -----------------------------------------------------------
-def test_the_group_page_marks_exactly_the_breaks_of_groups_with_history(store):
-    reference = brute_force()
+def test_the_group_page_marks_exactly_the_drift_and_counts_the_slides(store):
+    reference, found = brute_force(), kinds()
     session = StoreSession("drift", store.url)
     try:
         for group, (_, conversations) in GROUPS.items():
@@ -129,16 +141,14 @@ def test_the_group_page_marks_exactly_the_breaks_of_groups_with_history(store):
                 (r["traj_id"], s["step"])
                 for r in page["rollouts"]
                 for s in r["steps"]
-                if s["prompt_break"]
+                if s["drift"]
             }
-            verdicts = {k: v[0] for k, v in reference.items() if k[0] in conversations}
-            history = any(verdicts.values())  # some prompt of the group extends its turn
-            expected = {k for k, e in verdicts.items() if e is False} if history else set()
-            assert marked == expected, group
+            mine = {k: v for k, v in found.items() if k[0] in conversations}
+            assert marked == {k for k, v in mine.items() if v == "drift"}, group
             assert page["drift"] == {
                 "tested": sum(len(c) - 1 for c in conversations.values()),
-                "breaks": len(expected),
-                "any_extends": history,
+                "drift": len(marked),
+                "slides": sum(v == "slide" for v in mine.values()),
             }
             for r in page["rollouts"]:
                 for s in r["steps"]:  # the numbers the mark's title gives
@@ -148,9 +158,62 @@ def test_the_group_page_marks_exactly_the_breaks_of_groups_with_history(store):
                         shared,
                         previous,
                     )
-        native = group_view(session, "g-native", "grpo", {})
-        assert native["drift"] == {"tested": 7, "breaks": 0, "any_extends": False}
-        hand = group_view(session, "g-hand", "grpo", {})  # every turn of "edited" breaks
-        assert hand["drift"] == {"tested": 6, "breaks": 3, "any_extends": True}
+        native = group_view(session, "g-native", "grpo", {})  # window 2: slides from turn 3
+        assert native["drift"] == {"tested": 8, "drift": 0, "slides": 4}
+        hand = group_view(session, "g-hand", "grpo", {})  # every turn of "edited" drifts
+        assert hand["drift"] == {"tested": 6, "drift": 3, "slides": 0}
     finally:
         session.close()
+
+
+# --- one definition --------------------------------------------------------------------
+def test_the_actor_the_learner_and_the_view_read_one_rule(store):
+    """schemas/extends.py's function (the actor's count), its array form (the learner's
+    segments) and its SQL (the view) give the literal reading's answer on every step."""
+    reference = kinds()
+    view = {
+        (r[C.TRAJ_ID], r[C.STEP]): (
+            None
+            if r["extends_previous"] is None
+            else "extends"
+            if r["extends_previous"]
+            else "slide"
+            if r["window_slide"]
+            else "drift"
+        )
+        for r in sql.query_store(
+            store, "SELECT traj_id, step, extends_previous, window_slide FROM prompt_drift"
+        ).to_pylist()
+    }
+    assert view == reference
+    assert set(reference.values()) == {None, "extends", "slide", "drift"}
+    rows = [  # sorted by the trajectory key, then step: as the learner reads them
+        (group, traj, t, prompt, action)
+        for group, (_, conversations) in sorted(GROUPS.items())
+        for traj, turns in sorted(conversations.items())
+        for t, (prompt, action) in enumerate(turns)
+    ]
+    same = rule.same_trajectory(
+        np.array([r[0] for r in rows], dtype=object), np.array([r[1] for r in rows], dtype=object)
+    )
+    p_len = np.array([len(r[3]) for r in rows])
+    n = p_len + np.array([len(r[4]) for r in rows])
+    tokens = np.array([t for r in rows for t in (*r[3], *r[4])], dtype=np.int64)
+    arrays = rule.extends_rows(same, tokens, p_len, n)
+    for i, (_, traj, t, prompt, _) in enumerate(rows):
+        expected = reference[(traj, t)]
+        assert arrays[i] == (expected == "extends"), (traj, t)
+        if t:
+            before, action = rows[i - 1][3], rows[i - 1][4]
+            assert rule.kind(prompt, before, action) == expected, (traj, t)
+
+
+def test_the_trajectory_key_is_group_and_rollout():
+    """Two groups whose rollouts share a traj_id are two trajectories, never one."""
+    assert rule.TRAJECTORY_KEY == (C.GROUP_ID, C.TRAJ_ID)
+    same = rule.same_trajectory(
+        np.array(["g1", "g2"], dtype=object), np.array(["t", "t"], dtype=object)
+    )
+    assert same.tolist() == [False, False]
+    out = rule.extends_rows(same, np.array([1, 2, 1, 2, 3]), np.array([1, 3]), np.array([2, 3]))
+    assert out.tolist() == [False, False]

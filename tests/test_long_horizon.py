@@ -29,6 +29,7 @@ from gagpo.actors.policies.prompt_ids import Prior, encode_prompt, text_ids
 from gagpo.actors.prompts import fit_messages
 from gagpo.actors.rollout import rollout_group
 from gagpo.schemas import columns as C
+from gagpo.schemas import extends
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.validate import validate_steps
 from tests.helpers import long_horizon
@@ -136,13 +137,13 @@ def test_an_agent_that_keeps_its_history_has_no_breaks(tmp_path: Path):
     assert steps.group_by(C.TRAJ_ID).len()["len"].max() >= 20  # a long horizon
     extends = extends_previous(steps)
     assert len(extends) >= 20 and extends.all()
-    assert summary.prompt_breaks == 0
+    assert summary.prompt_drift == 0 and summary.window_slides == 0
 
 
 def test_an_agent_that_edits_its_history_has_its_breaks_counted(tmp_path: Path):
     summary = run_actor(corridor_config(tmp_path, max_turns=12, env_options={"edit_every": 4}))
     breaks = int((~extends_previous(steps_of(tmp_path))).sum())
-    assert breaks > 0 and summary.prompt_breaks == breaks
+    assert summary.prompt_drift > 0 and summary.prompt_drift + summary.window_slides == breaks
 
 
 def test_a_verifiers_multi_turn_environment_has_no_breaks(tmp_path: Path, monkeypatch):
@@ -158,7 +159,7 @@ def test_a_verifiers_multi_turn_environment_has_no_breaks(tmp_path: Path, monkey
     )
     summary = run_actor(config)
     extends = extends_previous(steps_of(tmp_path))
-    assert len(extends) > 0 and extends.all() and summary.prompt_breaks == 0
+    assert len(extends) > 0 and extends.all() and summary.prompt_drift == 0
 
 
 @pytest.mark.parametrize("on_context", ["return", "raise"])
@@ -214,7 +215,7 @@ def test_a_full_history_window_extends_every_prompt():
     policy = load_policy("tiny", sampling=SamplingConfig(max_new_tokens=3), device="cpu")
     steps, result = native(policy, grow=0, max_turns=20)
     extends = extends_previous(steps)
-    assert len(extends) >= 20 and extends.all() and result.breaks == 0
+    assert len(extends) >= 20 and extends.all() and result.drift == result.slides == 0
 
 
 def test_native_prompts_keep_their_system_prompt_and_task_and_drop_whole_turns():
@@ -226,7 +227,7 @@ def test_native_prompts_keep_their_system_prompt_and_task_and_drop_whole_turns()
     tokenizer = policy.tokenizer
     start, user = tokenizer.convert_tokens_to_ids(["<|im_start|>", "user"])
     system = text_ids(tokenizer, f"<|im_start|> system {long_horizon.SYSTEM} <|im_end|>")
-    dropped = 0
+    dropped = slides = 0
     for traj in steps.partition_by(C.TRAJ_ID, maintain_order=True):
         observations = [text_ids(tokenizer, o) for o in traj[C.OBSERVATION]]
         for t, prompt in enumerate(traj[C.PROMPT_IDS].to_list()):
@@ -239,9 +240,16 @@ def test_native_prompts_keep_their_system_prompt_and_task_and_drop_whole_turns()
             current = observations[t]
             assert prompt[users[-1] : users[-1] + len(current)] == current
             dropped += len(users) < t + 1
+            if t:  # a slide keeps an earlier turn; one that keeps none cannot be told
+                before = traj[C.PROMPT_IDS][t - 1].to_list(), traj[C.ACTION_IDS][t - 1].to_list()
+                found = extends.kind(prompt, *before)
+                assert found == "drift" if len(users) == 1 else found != "drift"
+                slides += found == "slide"
         # The current turn grows until it alone does not fit: the rollout ends truncated.
         assert traj[C.TRUNCATED][-1] and not traj[C.DONE][-1] and len(traj) < 30
-    assert dropped > 0 and result.breaks > 0  # whole turns were dropped on the way
+    # Whole oldest turns were dropped on the way: window slides, where an earlier turn is
+    # kept; a prompt that keeps none holds nothing that says a window moved (drift).
+    assert dropped > 0 and result.slides == slides > 0
 
 
 def test_a_first_prompt_past_the_budget_is_one_line():
@@ -300,3 +308,46 @@ def test_an_actor_whose_first_prompts_do_not_fit_says_so_in_one_line(tmp_path: P
             warn=lines.append,
         )
     assert len(lines) == 1 and "past the policy's prompt budget of 16" in lines[0]
+
+
+def test_a_native_history_window_slides_and_never_drifts(tmp_path: Path, capsys):
+    """Sokoban with `history_window = 2` (issue 47: it read `prompt breaks 40/56`): its
+    prompts extend the previous turn until the window is full, then drop its oldest turn.
+    The actor's closing line, the `prompt_drift` view and `gagpo view` say 0 drift, and
+    count the slides."""
+    from gagpo.actors.cli import _print_summary
+    from gagpo.inspection import sql
+    from gagpo.inspection.view.data import StoreSession, group_view
+    from gagpo.storage.store import Store
+
+    config = actor_config(
+        tmp_path,
+        "sokoban",
+        group_size=2,
+        groups=2,
+        max_turns=8,
+        history_window=2,
+        sampling={"max_new_tokens": 3},
+    )
+    summary = run_actor(config)
+    later = summary.steps - summary.rollouts
+    assert summary.window_slides > 0 and summary.prompt_drift == 0
+    _print_summary(summary, str(tmp_path))
+    assert (
+        f"prompt drift 0/{later} (window slides {summary.window_slides})" in capsys.readouterr().out
+    )
+    store = Store(str(tmp_path))
+    (row,) = sql.query_store(
+        store,
+        "SELECT count(*) FILTER (WHERE drift) AS drift, "
+        "count(*) FILTER (WHERE window_slide) AS slides FROM prompt_drift",
+    ).to_pylist()
+    assert row == {"drift": 0, "slides": summary.window_slides}
+    session = StoreSession("native", str(tmp_path))
+    try:
+        groups = {r[C.GROUP_ID] for r in steps_of(tmp_path).to_dicts()}
+        pages = [group_view(session, g, "grpo", {})["drift"] for g in groups]
+    finally:
+        session.close()
+    assert sum(p["drift"] for p in pages) == 0
+    assert sum(p["slides"] for p in pages) == summary.window_slides

@@ -19,7 +19,7 @@ from gagpo.inspection.sql import query_store
 from gagpo.inspection.view.app import create_app
 from gagpo.inspection.view.data import StoreSession
 from gagpo.workflows.view import EnvironmentOracle
-from tests.helpers.drift import GROUPS, brute_force, build_store
+from tests.helpers.drift import GROUPS, build_store, kinds
 from tests.helpers.view import cli_advantages, cli_csv, serving, view_store
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's (the Makefile installs it); Playwright's own is not used
@@ -218,7 +218,7 @@ def test_the_group_page_marks_the_prompt_breaks(browser, tmp_path):
     does not begin with the previous turn's prompt and action are marked, each with a
     title saying what it means."""
     store = build_store(tmp_path / "drift")
-    breaks = {key for key, (extends, _, _) in brute_force().items() if extends is False}
+    breaks = {key for key, found in kinds().items() if found == "drift"}
     app = create_app([StoreSession("drift", str(store.root))])
     with serving(app) as url:
         context = browser.new_context(viewport={"width": 1500, "height": 1000}, base_url=url)
@@ -233,8 +233,8 @@ def test_the_group_page_marks_the_prompt_breaks(browser, tmp_path):
         )
         expected = sorted(k for k in breaks if k[0] in GROUPS["g-hand"][1])
         assert sorted(tuple(m) for m in marked) == expected
-        assert int(page.inner_text("#prompt-breaks")) == len(expected)
+        assert int(page.inner_text("#prompt-drift")) == len(expected)
         title = page.locator(".step.prompt-break .break-mark").first.get_attribute("title")
-        assert title is not None and "does not begin with turn" in title
+        assert title is not None and "does not begin with turn" in title and "drift" in title
         context.close()
         assert errors == []

@@ -3,6 +3,7 @@
     data.py     what each page reads: queries through the `gagpo sql` sandbox
                 (inspection/sql.py, the store's one reader) and the estimators recomputed
                 for one group (pipeline/advantages.py); no HTTP here
+    pools.py    what the pools page reads, by counts, through the same session
     access.py   who may ask: loopback by default, an access token for any other address,
                 loopback Host names only (DNS rebinding), security headers
     app.py      the Starlette app: pages, JSON endpoints, packaged assets, one-line errors

@@ -26,7 +26,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from gagpo.inspection.sql import Limits
-from gagpo.inspection.view import data
+from gagpo.inspection.view import data, pools
 from gagpo.inspection.view.access import Guard, check_bind, is_loopback
 from gagpo.schemas.errors import GagpoError
 
@@ -179,7 +179,7 @@ def create_app(
         )
 
     def api_pools(request: Request) -> Response:
-        return JSON(data.pools_view(store_of(request)))
+        return JSON(pools.pools_view(store_of(request)))
 
     async def api_sql(request: Request) -> Response:
         try:

@@ -10,14 +10,10 @@ A group page reads that group's rows only: `WHERE group_id = ?`, which DuckDB pu
 down into the scans (the archive's segments are sorted by group id, so their row-group
 statistics skip the rest: benchmarks/bench_view.py shows one row group read of the
 store's). Values from the URL enter queries as prepared-statement parameters, never as
-SQL text (`check_id` still gives a bad one its one-line 400). The page's prompt breaks come
-from the `prompt_drift` view read the same way: its window is partitioned by group and
-rollout, so the filter on group_id reaches the scans through it.
-
-The pools page reads counts (each tag's steps per stored pool size) and the states and
-value proxies of the pools it shows only: it never builds every pool's return
-statistics as the `state_pools` view does (65 s on a compacted 16 k-group store; this,
-under 1 s).
+SQL text (`check_id` still gives a bad one its one-line 400). The page's drift marks and
+window slides come from the `prompt_drift` view read the same way: its window is
+partitioned by group and rollout, so the filter on group_id reaches the scans through it.
+The pools page reads through the same session (inspection/view/pools.py).
 
 Where the environment has a step oracle (Sokoban's solver), the compare page shows each
 estimator's credit AUC and which moves were optimal. The oracle lives with the
@@ -289,26 +285,27 @@ def group_steps(session: StoreSession, group_id: str) -> pa.Table:
     return table
 
 
-# The drift audit of the `prompt_drift` view, per step of the group.
-DRIFT_COLUMNS = ("extends_previous", "shared_tokens", "previous_tokens", "prompt_tokens")
+# The drift audit of the `prompt_drift` view, per step of the group (schemas/extends.py).
+DRIFT_COLUMNS = (
+    "extends_previous",
+    "window_slide",
+    "drift",
+    "shared_tokens",
+    "previous_tokens",
+    "prompt_tokens",
+)
 
 
 def group_drift(session: StoreSession, group_id: str) -> pl.DataFrame:
-    """traj_id, step, DRIFT_COLUMNS and `prompt_break` of the group's steps.
-
-    A break is a step whose prompt does not begin with the previous step's prompt and
-    action, in a group where at least one prompt does (its rollouts played one task with
-    one agent). A group whose prompts are rendered afresh every turn extends none (the native environments' history window: the current message
-    also lists the admissible actions, which the history leaves out), and marking every
-    one of its turns would say nothing."""
+    """traj_id, step and DRIFT_COLUMNS of the group's steps. A step after a rollout's first
+    extends the previous step's prompt + action, slides a history window (its oldest turn
+    dropped: a native environment's window, or a trimmed agent history), or drifts; the
+    page marks drift only and counts the slides."""
     table = session.query(
         f"SELECT traj_id, step, {', '.join(DRIFT_COLUMNS)} FROM prompt_drift WHERE group_id = ?",
         [group_id],
     )
-    extends = pl.col("extends_previous")
-    return pl.from_arrow(table).with_columns(  # type: ignore[union-attr]
-        (extends.not_() & extends.any()).fill_null(False).alias("prompt_break")
-    )
+    return pl.from_arrow(table)  # type: ignore[return-value]
 
 
 def estimator_choice(choice: str, params: dict[str, Any]) -> tuple[str | None, Any]:
@@ -405,10 +402,10 @@ def group_view(session: StoreSession, group_id: str, choice: str, params: dict) 
             "params": {} if config is None else config.params(),
         },
         "summary": credit_summary(frame[C.ADVANTAGE].drop_nulls()),
-        "drift": {  # steps with a previous one, and the breaks marked among them
+        "drift": {  # steps with a previous one; drift (marked) and window slides among them
             "tested": int(frame["extends_previous"].count()),
-            "breaks": int(frame["prompt_break"].sum()),
-            "any_extends": bool(frame["extends_previous"].any()),
+            "drift": int(frame["drift"].sum()),
+            "slides": int(frame["window_slide"].sum()),
         },
         "rollouts": rollouts,
         "pools": [
@@ -442,7 +439,6 @@ def _step(row: dict) -> dict:
         "tokens": [[i, lp] for i, lp in zip(ids, logprobs, strict=False)] if logprobs else [],
         **{name: row[name] for name in ADVANTAGE_COLUMNS},
         **{name: row[name] for name in DRIFT_COLUMNS},
-        "prompt_break": row["prompt_break"],
     }
 
 
@@ -535,135 +531,6 @@ def compare_view(
             for r in base.iter_rows(named=True)
         ],
     }
-
-
-# --- the pools page --------------------------------------------------------------------
-
-
-# Groups without stored advantages, pooled exactly (as `state_pools` does, estimator NULL).
-UNSCORED = "steps ANTI JOIN (SELECT DISTINCT group_id FROM advantages) a USING (group_id)"
-
-
-def pools_view(session: StoreSession, limit: int = 30) -> dict:
-    """Per stored tag (and the exact pools of groups without advantages): pools, steps and
-    the share of steps alone in their pool; the largest pools; pools that merged several
-    distinct states (tags of another grouping than exact only).
-
-    Read by counts, not pool by pool: each tag's steps per pool size (`state_group_size`,
-    which the advantage stage stored with every step: an integer column, no state read)
-    give its pools, steps and singletons, and the size the `limit`-th largest pool has;
-    only steps in pools at least that large are then read with their states. Groups
-    without advantages are pooled from `steps`, and only when no tag covers every step."""
-    tags = session.rows(
-        "SELECT estimator, coalesce(json_extract_string(params, "
-        "'$.state_grouping'), 'exact') AS state_grouping FROM estimators "
-        "ORDER BY estimator"
-    )
-    total = session.rows("SELECT count(*) AS n FROM steps")[0]["n"]
-    modes, sizes = [], []  # sizes: (pool size, pools of that size) over every mode
-    for tag in tags:
-        by_size = session.rows(
-            "SELECT state_group_size AS visits, count(*) AS steps FROM "
-            "advantages WHERE estimator = ? GROUP BY visits",
-            [tag["estimator"]],
-        )
-        counts = [(r["visits"], r["steps"] // r["visits"]) for r in by_size]
-        modes.append({**tag, **_mode(counts)})
-        sizes += counts
-    unscored = not any(m["steps"] == total for m in modes)  # some group may lack advantages
-    if unscored:
-        by_size = session.rows(f"""
-            SELECT visits, count(*) AS pools FROM (SELECT count(*) AS visits FROM {UNSCORED}
-                                                   GROUP BY group_id, state_key)
-            GROUP BY visits""")
-        counts = [(r["visits"], r["pools"]) for r in by_size]
-        if counts:
-            modes.append({"estimator": None, "state_grouping": "exact", **_mode(counts)})
-            sizes += counts
-    least = _least_shown(sizes, limit)
-    exact_groups = (
-        f"UNION ALL SELECT NULL, group_id, state_key, state_key, NULL FROM {UNSCORED}"
-        if unscored
-        else ""
-    )
-    largest = session.rows(
-        f"""
-        SELECT estimator, group_id, pool_id, count(*) AS visits,
-               count(DISTINCT state_key) AS states, any_value(value_proxy) AS value_proxy
-        FROM (SELECT estimator, group_id, coalesce(pool_id, state_key) AS pool_id, state_key,
-                     value_proxy
-              FROM advantages WHERE state_group_size >= $least {exact_groups})
-        GROUP BY estimator, group_id, pool_id HAVING count(*) >= $least
-        ORDER BY visits DESC, estimator, group_id, pool_id LIMIT $limit
-    """,
-        {"least": least, "limit": int(limit)},
-    )
-    _fill_value_proxies(session, [r for r in largest if r["estimator"] is None])
-    merging = [t["estimator"] for t in tags if t["state_grouping"] != "exact"]
-    merged = []
-    if merging:  # an exact tag's pool is one state: nothing to read
-        merged = session.rows(
-            """
-            SELECT estimator, group_id, pool_id, list(DISTINCT state_key ORDER BY state_key)
-                   AS states, count(*) AS visits
-            FROM (SELECT estimator, group_id, coalesce(pool_id, state_key) AS pool_id, state_key
-                  FROM advantages WHERE estimator = ANY(?) AND state_group_size > 1)
-            GROUP BY estimator, group_id, pool_id HAVING count(DISTINCT state_key) > 1
-            ORDER BY visits DESC, estimator, group_id, pool_id LIMIT ?
-        """,
-            [merging, int(limit)],
-        )
-        grouping = {t["estimator"]: t["state_grouping"] for t in tags}
-        for row in merged:
-            row["state_grouping"] = grouping[row["estimator"]]
-    return {"store": session.label, "modes": modes, "largest": largest, "merged": merged}
-
-
-def _mode(counts: list[tuple[int, int]]) -> dict:
-    """Pools, steps and singleton share from (pool size, pools of that size) pairs."""
-    steps = sum(size * pools for size, pools in counts)
-    alone = sum(pools for size, pools in counts if size == 1)
-    return {
-        "pools": sum(pools for _, pools in counts),
-        "steps": steps,
-        "singleton_share": alone / steps if steps else None,
-    }
-
-
-def _least_shown(sizes: list[tuple[int, int]], limit: int) -> int:
-    """The size of the `limit`-th largest pool (1 when there are fewer)."""
-    seen = 0
-    for size, pools in sorted(sizes, reverse=True):
-        seen += pools
-        if seen >= limit:
-            return size
-    return 1
-
-
-def _fill_value_proxies(session: StoreSession, rows: list[dict]) -> None:
-    """The value proxy of pools of groups without stored advantages (estimator NULL: exact
-    pools, discounted at the session's γ), from `state_pools` for those groups only. Its
-    returns are windows over each rollout, so the filter names the rollouts (DuckDB
-    pushes a filter on a window's partition into the scan; one on group_id it cannot)."""
-    if not rows:
-        return
-    groups = sorted({r["group_id"] for r in rows})
-    trajs = [
-        r["traj_id"]
-        for r in session.rows(
-            "SELECT DISTINCT traj_id FROM steps WHERE group_id = ANY(?)", [groups]
-        )
-    ]
-    values = session.rows(
-        """
-        SELECT group_id, state_key, avg("return" ORDER BY traj_id, step) AS value_proxy
-        FROM step_returns WHERE traj_id = ANY(?) GROUP BY group_id, state_key
-    """,
-        [trajs],
-    )
-    by_pool = {(v["group_id"], v["state_key"]): v["value_proxy"] for v in values}
-    for row in rows:
-        row["value_proxy"] = by_pool.get((row["group_id"], row["pool_id"]))
 
 
 # --- JSON ------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Conversations whose prompts extend the previous turn, drift or never extend it, in a
-store, and the prefix property read literally in Python: the references of the drift audit
-(the `prompt_drift` view, `gagpo view`'s prompt breaks; tests/test_drift_audit.py)."""
+"""Conversations whose prompts extend the previous turn, drift, or slide a native history
+window, in a store, and the rules of schemas/extends.py read literally in Python: the
+references of the drift audit (the `prompt_drift` view, `gagpo view`'s drift marks, the
+actor's count; tests/test_drift_audit.py)."""
 
 from __future__ import annotations
 
@@ -60,10 +61,21 @@ def drifting(turns: int, seed: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def no_history(turns: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    """Prompts rendered afresh each turn (a native environment): system + the state."""
+def native_window(turns: int, seed: int, window: int = 2) -> list[tuple[list[int], list[int]]]:
+    """A native environment's history window (actors/prompts.py): the system prompt, the
+    last `window` turns (each a user message and the reply as sampled, opened by the
+    template's marker 100), then the current message. Its prompts extend the previous turn
+    until the window is full, then slide: the oldest turn dropped, the rest kept whole."""
     rng = random.Random(seed)
-    return [([*SYSTEM, rng.randrange(200, 300)], [rng.randrange(300, 400)]) for _ in range(turns)]
+    past: list[list[int]] = []  # each earlier turn's tokens: user message + reply
+    out = []
+    for _ in range(turns):
+        user = [100, rng.randrange(200, 300), rng.randrange(200, 300)]
+        prompt = [*SYSTEM, *(t for turn in past[-window:] for t in turn), *user]
+        action = [rng.randrange(300, 400) for _ in range(rng.randrange(1, 3))]
+        out.append((prompt, action))
+        past.append(user + action)
+    return out
 
 
 HAND_MADE = {  # (prompt_ids, action_ids) per turn; the breaks are written beside each
@@ -118,7 +130,7 @@ def group_rows(
 GROUPS = {  # group -> (run, its rollouts' conversations); G = 2
     "g-hand": ("r1", HAND_MADE),
     "g-keep": ("r1", {"k0": keeps_history(6, 0), "k1": keeps_history(3, 1)}),
-    "g-native": ("r2", {"n0": no_history(5, 2), "n1": no_history(4, 3)}),
+    "g-native": ("r2", {"n0": native_window(6, 2), "n1": native_window(4, 3)}),
     **{
         f"g-drift{i}": ("r2", {f"d{i}a": drifting(12, 10 + i), f"d{i}b": drifting(9, 20 + i)})
         for i in range(4)
@@ -152,4 +164,26 @@ def brute_force() -> dict[tuple[str, int], tuple[bool | None, int | None, int | 
                 ):
                     shared += 1
                 out[(traj, t)] = (prompt[: len(previous)] == previous, shared, len(previous))
+    return out
+
+
+def kinds() -> dict[tuple[str, int], str | None]:
+    """(traj, step) -> "extends", "slide" or "drift" (None on a first step), read literally:
+    a slide is the previous prompt with the span [s, b) removed, s = the tokens the prompt
+    shares with it and s < b < its length, as a prefix of the prompt."""
+    out: dict[tuple[str, int], str | None] = {}
+    for _, conversations in GROUPS.values():
+        for traj, turns in conversations.items():
+            out[(traj, 0)] = None
+            for t in range(1, len(turns)):
+                prompt, (before, action) = turns[t][0], turns[t - 1]
+                if prompt[: len(before) + len(action)] == before + action:
+                    out[(traj, t)] = "extends"
+                    continue
+                s = 0
+                while s < min(len(prompt), len(before)) and prompt[s] == before[s]:
+                    s += 1
+                kept = [before[:s] + before[b:] for b in range(s + 1, len(before))]
+                slide = s < len(prompt) and any(prompt[: len(k)] == k for k in kept)
+                out[(traj, t)] = "slide" if slide else "drift"
     return out

@@ -38,14 +38,16 @@ async function loadGroups(store) {
     (c, v) => (c === "group_id" ? G.groupLink(store, v) : undefined));
 }
 
-// A prompt break (the prompt_drift view): this prompt does not begin with the previous
-// turn's prompt and action, so the learner cannot extend that turn's segment with it.
-function breakMark(step) {
-  if (!step.prompt_break) return "";
-  const title = `prompt break: this prompt does not begin with turn ${step.step - 1}'s prompt + action ` +
-    `(it keeps the first ${step.shared_tokens} of those ${step.previous_tokens} tokens; ${step.prompt_tokens} tokens in this prompt). ` +
-    "The sampled reply was re-tokenized differently, or the agent edited its history; the learner starts a new segment here.";
-  return ` <span class="break-mark" title="${G.esc(title)}">⚠ prompt break</span>`;
+// Drift (the prompt_drift view, schemas/extends.py): this prompt neither begins with the
+// previous turn's prompt and action nor is it that prompt with its oldest turn dropped (a
+// history window sliding on, counted but not marked), so the learner starts a new segment.
+function driftMark(step) {
+  if (!step.drift) return "";
+  const title = `prompt drift: this prompt does not begin with turn ${step.step - 1}'s prompt + action ` +
+    `(it keeps the first ${step.shared_tokens} of those ${step.previous_tokens} tokens; ${step.prompt_tokens} tokens in this prompt), ` +
+    "and is not that prompt with its oldest turn dropped. The sampled reply was re-tokenized differently, the template " +
+    "rendered an earlier turn afresh, or the agent edited its history; the learner starts a new segment here.";
+  return ` <span class="break-mark" title="${G.esc(title)}">⚠ prompt drift</span>`;
 }
 
 function stepCell(step, poolIndex, max) {
@@ -68,8 +70,8 @@ function stepCell(step, poolIndex, max) {
     tokens = `<details><summary>behaviour log-probs: ${step.tokens.length} tokens, mean ${mean.toFixed(3)}</summary><div class="tokens">${spans}</div></details>`;
   }
   const adv = step.advantage;
-  return `<div class="step${step.prompt_break ? " prompt-break" : ""}" data-traj="${G.esc(step.traj_id)}" data-step="${step.step}" data-pool="${pool}" data-adv="${adv}" style="background:${G.diverging(adv, max)}">
-    <div class="head"><span>t${step.step}${breakMark(step)}</span><span class="adv">A ${adv >= 0 ? "+" : ""}${G.num(adv)}</span></div>
+  return `<div class="step${step.drift ? " prompt-break" : ""}" data-traj="${G.esc(step.traj_id)}" data-step="${step.step}" data-pool="${pool}" data-adv="${adv}" style="background:${G.diverging(adv, max)}">
+    <div class="head"><span>t${step.step}${driftMark(step)}</span><span class="adv">A ${adv >= 0 ? "+" : ""}${G.num(adv)}</span></div>
     <pre class="state" data-pool="${pool}" title="state pool of ${step.state_group_size} steps: hover to see it, click to pin">${G.esc(step.state_key)}</pre>
     ${observation}
     <code class="action">${G.esc(step.action)}</code>
@@ -85,10 +87,10 @@ function render() {
   $("summary").innerHTML = `<span>estimator <b>${G.esc(v.estimator.tag)}</b></span>` +
     `<span>zero-advantage share <b id="zero-share">${G.pct(s.zero_share)}</b></span>` +
     `<span>IQR <b>${G.num(s.iqr)}</b></span><span>max |A| <b>${G.num(s.max_abs)}</b></span>` +
-    (v.drift.any_extends
-      ? `<span title="turns whose prompt does not begin with the previous turn's prompt + action (the prompt_drift view)">` +
-        `prompt breaks <b id="prompt-breaks">${v.drift.breaks}</b> of ${v.drift.tested} turns</span>`
-      : `<span class="muted" title="no prompt of this group begins with the previous turn's prompt + action: its prompts are rendered afresh each turn (a native environment's history window), so no break is marked">no prompt extends the previous turn</span>`);
+    `<span title="turns whose prompt neither begins with the previous turn's prompt + action nor drops only its oldest turn (the prompt_drift view)">` +
+    `prompt drift <b id="prompt-drift">${v.drift.drift}</b> of ${v.drift.tested} turns</span>` +
+    `<span class="muted" title="turns whose history window dropped its oldest turn: a new segment for the learner, not drift">` +
+    `window slides <b id="window-slides">${v.drift.slides}</b></span>`;
   G.legend($("legend"), s.max_abs || 1, "advantage, one scale for the whole group");
   const poolIndex = new Map(v.pools.map((p, i) => [p.pool_id, i]));
   const turns = Math.max(...v.rollouts.map((r) => r.length));
