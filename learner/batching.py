@@ -46,6 +46,11 @@ class MicroBatch:
     staleness: torch.Tensor  # [A] of each action's own step (schemas.policy.staleness)
     valid: torch.Tensor  # [A] actions the loss can use (tokens, context, finite inputs)
     weight: float = 0.0  # share of the optimiser step's loss denominator (set by `plan`)
+    # A prefix trie's rows (learner/trie.py) instead of segments: which earlier column each
+    # column attends to [b, T, T] (True: attend), and the token each read position predicts
+    # [N] (in a trie it is not the next column). None: segments, causal, input_ids[r, c + 1].
+    tree_mask: torch.Tensor | None = None
+    token_targets: torch.Tensor | None = None
 
     @property
     def action_len(self) -> int:
@@ -59,6 +64,17 @@ class MicroBatch:
     @property
     def segments(self) -> int:
         return self.input_ids.shape[0]
+
+    def targets(self) -> torch.Tensor:
+        """[N] the token each read position predicts."""
+        if self.token_targets is not None:
+            return self.token_targets
+        return self.input_ids[self.token_rows, self.token_cols + 1]
+
+    def model_attention_mask(self) -> torch.Tensor:
+        """The mask the model takes: the padding mask [b, T] of segments (causal inside),
+        or a trie's [b, 1, T, T] boolean mask, which transformers passes as it is."""
+        return self.attention_mask if self.tree_mask is None else self.tree_mask[:, None]
 
     def to(self, device: torch.device) -> MicroBatch:
         moved = {

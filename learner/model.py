@@ -88,39 +88,57 @@ def action_logprobs(
     temperature: float,
     with_entropy: bool = False,
     autocast_dtype: torch.dtype | None = None,
+    vocab_chunks: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(y_k | context, y_<k) of every action token [A, L], and the entropy if asked.
 
-    The rows are segments (learner/batching.py) and each action sits at its own columns, so
-    only the hidden states that predict an action token are projected onto the vocabulary:
-    a pre-hook on the output embedding gathers them (`mb.token_rows`, `mb.token_cols`)
-    before the projection. The hook sits on the module itself, so it holds inside FSDP2's
-    root forward, with peft's in-place adapters and under autocast alike; transformers'
-    `logits_to_keep` keeps the same columns for every row, which segments do not share.
+    Each action sits at its own positions of its row (a segment, or a group's prefix trie:
+    learner/batching.py), so only the hidden states that predict an action token are
+    projected onto the vocabulary: a pre-hook on the output embedding gathers them
+    (`mb.token_rows`, `mb.token_cols`) before the projection. The hook sits on the module
+    itself, so it holds inside FSDP2's root forward, with peft's in-place adapters and
+    under autocast alike; transformers' `logits_to_keep` keeps the same columns for every
+    row, which segments do not share.
+
+    With `vocab_chunks` (the default) the hook also scores them, walking the vocabulary in
+    chunks and recomputing them in the backward (learner/vocab_chunks.py), and hands the
+    head an empty input: no [N, V] tensor is ever held. Off, or for a head that is not a
+    plain linear layer, the head projects the N states and the softmax runs over [N, V].
     With `autocast_dtype` (bf16, see `precision.py`) the forward pass runs under autocast;
-    the softmax below is always taken in float32 on float32 logits."""
+    the softmax is always taken in float32."""
     from gagpo.learner.precision import autocast
+    from gagpo.learner.vocab_chunks import chunkable, chunked_logprobs
 
     rows, cols = mb.token_rows, mb.token_cols
+    targets = mb.targets()  # [N] the token each position predicts
+    head = model.get_output_embeddings()
+    chunked = vocab_chunks and chunkable(head, model.config)
+    scored: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def action_positions(_module, args):
-        return (args[0][rows, cols], *args[1:])  # [b, T, H] → [N, H]
+    def action_positions(module, args):
+        hidden = args[0][rows, cols]  # [b, T, H] → [N, H]
+        if not chunked:
+            return (hidden, *args[1:])
+        scored.append(chunked_logprobs(module, hidden, targets, temperature, autocast_dtype))
+        return (hidden[:0], *args[1:])  # the head projects nothing
 
-    hook = model.get_output_embeddings().register_forward_pre_hook(action_positions)
+    hook = head.register_forward_pre_hook(action_positions)
     try:
         with autocast(mb.input_ids.device, autocast_dtype):
             out = model(
                 input_ids=mb.input_ids,
-                attention_mask=mb.attention_mask,
+                attention_mask=mb.model_attention_mask(),
                 position_ids=mb.position_ids,
                 logits_to_keep=0,  # every position reaches the head; the hook keeps N
                 use_cache=False,
             )
     finally:
         hook.remove()
+    if chunked:
+        logp, entropy = scored[0]
+        return _per_action(logp, mb), _per_action(entropy, mb) if with_entropy else None
     logits = out.logits.float() / temperature  # [N, V]
     log_norm = torch.logsumexp(logits, dim=-1)  # [N]
-    targets = mb.input_ids[rows, cols + 1]  # [N] each position predicts the next token
     logp = _per_action(logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm, mb)
     entropy = None
     if with_entropy:
