@@ -12,6 +12,10 @@ applied into the cache in the background, as a download would be. One download a
 fetched next, once this one is done; the version handed out is always the newest one that
 is local. A failed download is said in one line and started again at the next poll.
 Each version loaded is recorded in the store (`record`), for `gagpo sql`'s policy_loads.
+
+The cache stays bounded: after each version it fetches, the thread sweeps the cache
+(storage/policy_cache.py `VersionCache.sweep`): copies older than the newest two go, and so
+do the staging folders of cut fetches; what was removed, and its size, is one line.
 """
 
 from __future__ import annotations
@@ -22,16 +26,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gagpo.schemas.errors import GagpoError, first_line
+from gagpo.storage.policy_cache import Swept, VersionCache
 from gagpo.storage.registry import LoadLog
 
 
 @dataclass(frozen=True)
 class Fetched:
-    """A policy version whose files are local: its folder, and the download's seconds."""
+    """A policy version whose files are local: its folder, the download's seconds, and
+    what the cache's sweep after it removed."""
 
     version: int
     folder: Path
     seconds: float
+    swept: Swept | None = None
 
 
 class Prefetcher:
@@ -94,8 +101,12 @@ class Prefetcher:
         try:
             if not self._store.policies.has(version):  # pruned (a local fetch would not say)
                 raise FileNotFoundError(self._store.policies.dir(version))
-            folder = self._store.policies.fetch(version, self._cache_dir)
-            self._outcome = Fetched(version, Path(folder), time.perf_counter() - t0)
+            folder = Path(self._store.policies.fetch(version, self._cache_dir))
+            seconds = time.perf_counter() - t0
+            swept = None
+            if folder.parent.parent == Path(self._cache_dir):  # a copy: the cache has grown
+                swept = VersionCache.at(folder.parent).sweep(version)
+            self._outcome = Fetched(version, folder, seconds, swept)
         except BaseException as exc:  # handed to the actor's thread by `_harvest`
             self._outcome = exc
 
@@ -107,6 +118,8 @@ class Prefetcher:
         outcome, version = self._outcome, self._version
         self._thread, self._version, self._outcome = None, None, None
         if isinstance(outcome, Fetched):
+            if outcome.swept is not None and outcome.swept.line():
+                self._warn(outcome.swept.line())
             return outcome
         if isinstance(outcome, FileNotFoundError) and not self._store.policies.has(version):
             return None  # pruned by the learner before we read it: LATEST is read again

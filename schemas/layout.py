@@ -13,6 +13,7 @@ builds a store path from a folder or file name of its own.
 
 from __future__ import annotations
 
+import numbers
 import posixpath
 import re
 
@@ -155,12 +156,60 @@ def _number(path: str, suffix: str) -> int | None:
     return int(stem) if stem.isdigit() else None
 
 
-_VERSION_DIR = re.compile(r"^v(\d+)$")
+# --- versions: what policy/LATEST and a version folder's name may hold ---------------------
+# A policy version (and the training state named by it) is a number below MAX_VERSION,
+# written without leading zeros: `v7`, never `v07` (which would name a second folder of
+# version 7) nor `v-5`. LATEST holds one such number and a newline: a reader never builds
+# or lists more than MAX_VERSION of anything from it (`gagpo sql`'s policy_versions has a
+# row per version up to LATEST), and reads at most LATEST_MAX_BYTES of it.
+MAX_VERSION = 10**7
+_VERSION_TEXT = r"(0|[1-9][0-9]{0,6})"
+_VERSION_DIR = re.compile(rf"^v{_VERSION_TEXT}$")
+_LATEST_TEXT = re.compile(rf"{_VERSION_TEXT}\n?")
+LATEST_MAX_BYTES = 16
 
 
 def _version(path: str) -> int | None:
     match = _VERSION_DIR.match(posixpath.basename(path.rstrip("/")))
     return int(match.group(1)) if match else None
+
+
+def is_version(value: object) -> bool:
+    """Whether `value` is a policy version a store may name (an int in [0, MAX_VERSION))."""
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return integral and 0 <= value < MAX_VERSION
+
+
+def parse_latest(data: bytes) -> int | None:
+    """The version LATEST's bytes name (`7` or `7\\n`); None for anything else."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    match = _LATEST_TEXT.fullmatch(text)
+    return int(match.group(1)) if match else None
+
+
+def latest_text(version: int) -> bytes:
+    """What LATEST holds when it names `version`; a version out of range is refused."""
+    if not is_version(version):
+        raise GagpoError(
+            f"policy version {version!r} cannot be published: accepted versions are 0 to "
+            f"{MAX_VERSION - 1} (policy/LATEST names one of them)"
+        )
+    return f"{version}\n".encode()
+
+
+# A file a delta version XORs with its base's (delta.json's `files`): one plain weights file
+# name of the version's own folder, as transformers names them (model.safetensors,
+# model-00001-of-00002.safetensors, adapter_model.safetensors); never a path.
+WEIGHTS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}\.safetensors")
+
+
+def is_weights_name(value: object) -> bool:
+    return (
+        isinstance(value, str) and WEIGHTS_NAME.fullmatch(value) is not None and ".." not in value
+    )
 
 
 def data_folders(root: str) -> tuple[str, ...]:
@@ -281,8 +330,18 @@ def policy_root(root: str) -> str:
     return join(root, POLICY)
 
 
+def _version_dir(version: int | str, what: str) -> str:
+    """`v<version>` for a version (`is_version`), or a pattern/placeholder as given."""
+    if is_version(version) or (isinstance(version, str) and _PLACEHOLDER.fullmatch(version)):
+        return f"v{version}"
+    raise GagpoError(
+        f"{what}: {version!r} is no policy version (accepted: 0 to {MAX_VERSION - 1}); "
+        "refused: a store names only its own files"
+    )
+
+
 def policy_dir(root: str, version: int | str) -> str:
-    return join(root, POLICY, f"v{version}")
+    return join(root, POLICY, _version_dir(version, "policy version"))
 
 
 def parse_policy_dir(path: str) -> int | None:
@@ -320,6 +379,15 @@ def loads(root: str, run_id: str, load_id: str) -> str:
     return join(loads_dir(root), f"{name}{PARQUET}")
 
 
+def parse_loads(path: str) -> tuple[str, str] | None:
+    """(run_id, load_id) of a loads file's path (`loads`); None for a temporary file or
+    any other name (its ids are no ids, or it has no `-` between them)."""
+    name = posixpath.basename(path)
+    stem = name[: -len(PARQUET)] if name.endswith(PARQUET) else ""
+    run_id, _, load_id = stem.rpartition("-")
+    return (run_id, load_id) if is_id(run_id) and is_id(load_id) else None
+
+
 # --- the learner -------------------------------------------------------------------------
 def learner_dir(root: str) -> str:
     return join(root, LEARNER)
@@ -336,7 +404,7 @@ def checkpoints_dir(root: str) -> str:
 
 def checkpoint_dir(root: str, version: int | str) -> str:
     """The training state of published version `version`."""
-    return join(checkpoints_dir(root), f"v{version}")
+    return join(checkpoints_dir(root), _version_dir(version, "training state"))
 
 
 def parse_checkpoint_dir(path: str) -> int | None:

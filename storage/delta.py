@@ -156,26 +156,87 @@ def encode_folder(folder: Path, base: Path, base_version: int, *, level: int = L
     return True
 
 
-def read_record(folder: Path) -> dict | None:
-    """The delta record of a version's local folder; None for a full version."""
-    path = Path(folder) / layout.DELTA
-    return json.loads(path.read_text()) if path.is_file() else None
+# --- the record: what delta.json may say ----------------------------------------------------
+# delta.json is data a store holds: its base and file names become paths and recursion, so
+# each is checked before use. A base is a version below the delta's own (a chain of deltas
+# only ever descends: no cycle, no delta of itself), a reader replays at most MAX_CHAIN
+# deltas (publish_delta_every is at most 100: the learner's chains are shorter), and each
+# file is one weights file name of the folder (layout.WEIGHTS_NAME), never a path.
+MAX_CHAIN = 100
+RECORD_MAX_BYTES = 1 << 20
+MAX_FILES = 10_000
 
 
-def apply_folder(folder: Path, base: Path) -> None:
-    """Turn the delta version in `folder` into the full version, in place, using the full
-    folder `base` of its base version: each `.xor.zst` becomes its file, and delta.json
-    goes. Loaders (transformers, vLLM, the learner's resume) then see a plain folder."""
-    folder = Path(folder)
-    record = read_record(folder)
-    if record.get("encoding") != SPLIT:
-        raise GagpoError(
-            f"{folder / layout.DELTA} names encoding {record.get('encoding')!r}; "
-            f"accepted: {SPLIT!r} (a newer gagpo wrote it)"
+def parse_record(data: bytes, where: str, version: int) -> dict:
+    """The delta record of version `version` from delta.json's bytes (`where`: the file,
+    for the one-line GagpoError that refuses anything but a record this module writes)."""
+
+    def refuse(why: str) -> GagpoError:
+        return GagpoError(
+            f"{where}: {why}; refused: accepted is a delta record of gagpo's own (a base "
+            f"version below v{version}, encoding {SPLIT!r}, files named as plain "
+            "*.safetensors names, each with its bytes and CRC-32)"
         )
+
+    if len(data) > RECORD_MAX_BYTES:
+        raise refuse(f"{len(data)} bytes, more than {RECORD_MAX_BYTES}")
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        raise refuse("not JSON") from None
+    if not isinstance(record, dict):
+        raise refuse("not a JSON object")
+    base, files = record.get("base"), record.get("files")
+    if not layout.is_version(base) or base >= version:
+        raise refuse(f"base {str(base)[:40]!r} is not a version below v{version}")
+    if record.get("encoding") != SPLIT:
+        raise refuse(f"encoding {str(record.get('encoding'))[:40]!r} (a newer gagpo wrote it?)")
+    if not isinstance(files, dict) or not 0 < len(files) <= MAX_FILES:
+        raise refuse("its files are no object of 1 to 10000 entries")
+    for name, described in files.items():
+        if not layout.is_weights_name(name):
+            raise refuse(f"file name {name[:60]!r} is no plain weights file name")
+        if not (isinstance(described, dict) and _is_count(described.get("bytes"))):
+            raise refuse(f"{name}: no byte count")
+        if not (_is_count(described.get("crc32")) and described["crc32"] < 1 << 32):
+            raise refuse(f"{name}: no CRC-32")
+    return record
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def read_record(folder: Path, version: int) -> dict | None:
+    """The checked delta record (`parse_record`) of version `version`'s local folder; None
+    for a full version. A delta.json that is a symbolic link is refused, never followed."""
+    path = Path(folder) / layout.DELTA
+    if path.is_symlink():
+        raise GagpoError(f"{path} is a symbolic link; refused: a version's files are its own")
+    if not path.is_file():
+        return None
+    with open(path, "rb") as handle:
+        data = handle.read(RECORD_MAX_BYTES + 1)
+    return parse_record(data, str(path), version)
+
+
+def apply_folder(folder: Path, base: Path, version: int) -> None:
+    """Turn the delta version `version` in `folder` into the full version, in place, using
+    the full folder `base` of its base version: each `.xor.zst` becomes its file, and
+    delta.json goes. Loaders (transformers, vLLM, the learner's resume) then see a plain
+    folder. Every file read is a regular file of `folder` or `base` (no link followed)."""
+    folder = Path(folder)
+    record = read_record(folder, version)
     for name, described in sorted(record["files"].items()):
-        delta = folder / f"{name}{layout.DELTA_SUFFIX}"
-        apply_file(delta, Path(base) / name, folder / name, described)
+        delta, source = folder / f"{name}{layout.DELTA_SUFFIX}", Path(base) / name
+        for path in (delta, source):
+            if path.is_symlink() or not path.is_file():
+                raise GagpoError(
+                    f"{path} is no regular file (a link, a folder or missing), and "
+                    f"{folder / layout.DELTA} names it; refused: a delta is applied to its "
+                    "own files and its base's"
+                )
+        apply_file(delta, source, folder / name, described)
         delta.unlink()
     (folder / layout.DELTA).unlink()
 

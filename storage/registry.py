@@ -31,12 +31,14 @@ import uuid
 from datetime import UTC, datetime
 from functools import partial
 
+import numpy as np
 import pyarrow as pa
 
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, is_disk_full
 from gagpo.storage import delta
 from gagpo.storage.files import TEMP_PREFIX
+from gagpo.storage.policy_cache import VersionCache, _safe_name  # noqa: F401  (tests name the cache folder)
 
 
 class PolicyRegistry:
@@ -53,24 +55,52 @@ class PolicyRegistry:
         """The store path of version `version`'s folder, complete or not."""
         return layout.policy_dir(self.store.root, version)
 
-    def latest(self) -> int | None:
-        """The newest complete policy version, or None before the first publication."""
+    def latest(self, *, complete: bool = False) -> int | None:
+        """The version policy/LATEST names, or None before the first publication. LATEST
+        is one file holding a version number (`layout.parse_latest`: 0 to MAX_VERSION - 1,
+        at most LATEST_MAX_BYTES read); anything else (a folder, a link, -5, a number past
+        the bound, text) is refused in one line naming it. With `complete`, the version
+        must also be complete: LATEST is read again when it moved meanwhile (a learner
+        publishing and pruning), and a LATEST that stays on an incomplete version is
+        refused."""
+        for _ in range(LATEST_READS):
+            version = self._read_latest()
+            if not complete or version is None or self.has(version):
+                return version
+            if self._read_latest() == version:
+                raise GagpoError(
+                    f"{layout.latest(self.store.root)} names v{version}, which is no complete "
+                    f"version ({layout.complete(self.dir(version))} is missing); accepted: "
+                    "LATEST naming a complete policy version"
+                )
+        raise GagpoError(
+            f"{layout.latest(self.store.root)} moved {LATEST_READS} times while being read; "
+            "accepted: a store whose LATEST names a complete version"
+        )
+
+    def _read_latest(self) -> int | None:
         path = layout.latest(self.store.root)
         try:
-            raw = self.store.read_bytes(path)
+            raw = read_head(self.store, path, layout.LATEST_MAX_BYTES + 1)
         except FileNotFoundError:
             return None
-        text = raw.decode(errors="replace").strip()
-        try:
-            return int(text)
-        except ValueError:
+        except IsADirectoryError:
             raise GagpoError(
-                f"{path} holds {text!r}; accepted: a version number such as 7"
+                f"{path} is a folder; accepted: a file holding a version number such as 7"
             ) from None
+        version = layout.parse_latest(raw)
+        if version is None:
+            shown = raw[: layout.LATEST_MAX_BYTES].decode(errors="replace").strip()
+            more = "…" if len(raw) > layout.LATEST_MAX_BYTES else ""
+            raise GagpoError(
+                f"{path} holds {shown!r}{more}; accepted: a version number from 0 to "
+                f"{layout.MAX_VERSION - 1}, such as 7"
+            )
+        return version
 
     def set_latest(self, version: int) -> None:
         """Point LATEST at `version`; call only once that version is complete."""
-        self.store.commit_bytes(layout.latest(self.store.root), f"{version}\n".encode())
+        self.store.commit_bytes(layout.latest(self.store.root), layout.latest_text(version))
 
     def has(self, version: int) -> bool:
         """Whether version `version` is completely written (its `.complete` marker exists)."""
@@ -137,12 +167,14 @@ class PolicyRegistry:
         return self.store.exists(layout.delta(self.dir(version)))
 
     def base_of(self, version: int) -> int | None:
-        """The version a delta version was taken against; None for a full version."""
+        """The version a delta version was taken against (checked: a version below
+        `version`, storage/delta.py `parse_record`); None for a full version."""
+        path = layout.delta(self.dir(version))
         try:
-            raw = self.store.read_bytes(layout.delta(self.dir(version)))
+            raw = read_head(self.store, path, delta.RECORD_MAX_BYTES + 1)
         except FileNotFoundError:
             return None
-        return int(json.loads(raw)["base"])
+        return int(delta.parse_record(raw, path, version)["base"])
 
     def needed_by(self, versions: set[int]) -> set[int]:
         """`versions` and every version their deltas are applied to, down to the nearest
@@ -161,33 +193,130 @@ class PolicyRegistry:
     def fetch(self, version: int, cache_dir: str) -> str:
         """A local folder holding version `version` whole, loadable as it is (transformers,
         vLLM, the learner's resume): a full version of a local store is its own folder; any
-        other is a copy under `cache_dir`, made once. A delta version is applied there to
-        its base, fetched the same way: an actor holding the previous version downloads the
-        delta alone, any other reader the nearest full version and the deltas after it."""
+        other is a copy under `cache_dir` (storage/policy_cache.py), made once. A delta
+        version is applied there to its base: an actor holding the previous version
+        downloads the delta alone, any other reader the nearest full version and the
+        deltas after it.
+
+        The chain is resolved before anything is downloaded: each base is below its delta
+        (`base_of`), so the chain descends and ends, and one longer than delta.MAX_CHAIN is
+        refused. Every file read is the store's own: a version folder, or a file in it,
+        that is a symbolic link is refused in one line (`own_folder`)."""
+        cache = VersionCache(cache_dir, self.store.url)
+        chain: list[tuple[int, int | None]] = []  # (version, base) still to build, newest first
+        at, folder = version, None
+        while folder is None:
+            folder = cache.whole(at)
+            if folder is not None:
+                break
+            base = self.base_of(at)
+            if base is None and self.store.is_local:
+                folder = self.own_folder(at)
+                break
+            chain.append((at, base))
+            if base is None:
+                break
+            if len(chain) > delta.MAX_CHAIN:
+                raise GagpoError(
+                    f"{self.dir(version)} is a delta on a chain of more than {delta.MAX_CHAIN} "
+                    f"deltas (down to {self.dir(base)}); refused: accepted chains are at most "
+                    f"{delta.MAX_CHAIN} deltas long (publish_delta_every <= 100)"
+                )
+            at = base
+        for at, base in reversed(chain):
+            below = folder
+            folder = cache.build(
+                at, lambda staging, a=at, b=base, f=below: self._make(a, b, f, staging)
+            )
+        return str(folder)
+
+    def _make(self, version: int, base: int | None, below, staging: str) -> None:
+        """Download version `version` into `staging` and, a delta, apply it to `below`
+        (the whole folder of `base`)."""
         remote = self.dir(version)
-        if self.store.is_local and not self.is_delta(version):
-            return remote
-        local = os.path.join(cache_dir, _safe_name(self.store.url), f"v{version}")
-        if not os.path.exists(layout.complete(local)):
-            # Built beside the cache folder and renamed into place whole: a reader (another
-            # actor, or this one after a kill) never sees a partial or unapplied version.
-            staging = f"{local}.{uuid.uuid4().hex}.partial"
-            try:
-                self.store.download(remote, staging)
-                if not os.path.exists(layout.complete(staging)):  # pruned meanwhile
-                    raise FileNotFoundError(f"{remote} is not a complete policy version")
-                record = delta.read_record(staging)
-                if record is not None:
-                    delta.apply_folder(staging, self.fetch(int(record["base"]), cache_dir))
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            try:
-                os.replace(staging, local)
-            except OSError:  # another process finished first: its copy is the same
-                shutil.rmtree(staging, ignore_errors=True)
-        return local
+        self.download_checked(remote, staging)
+        if not os.path.exists(layout.complete(staging)):  # pruned meanwhile
+            raise FileNotFoundError(f"{remote} is not a complete policy version")
+        record = delta.read_record(staging, version)
+        if (record["base"] if record is not None else None) != base:
+            raise GagpoError(
+                f"{layout.delta(remote)} changed while it was fetched (base "
+                f"{record and record['base']} then {base}); accepted: a version left as published"
+            )
+        if record is not None:
+            delta.apply_folder(staging, below, version)
+
+    def own_folder(self, version: int) -> str:
+        """A local store's folder of version `version`, once every file in it is checked
+        to be the store's own (no link: neither the folder, nor a file, nor a folder on
+        the way); refused in one line naming the first that is not."""
+        remote = self.dir(version)
+        if os.path.islink(remote):
+            self.store.confine([remote], f"reading policy v{version}")
+        found = [remote]
+        for folder, dirs, files in os.walk(remote):
+            found += [os.path.join(folder, name) for name in (*dirs, *files)]
+        self.store.confine(found, f"reading policy v{version}")
+        return remote
+
+    def download_checked(self, remote: str, local: str) -> None:
+        """Copy the store's folder `remote` to `local` once every file in it is checked to
+        be its own: on a local store no link (`own_folder`'s rule), on an object store no
+        key whose name climbs out of the folder."""
+        if self.store.is_local:
+            version = layout.parse_policy_dir(remote)
+            if version is not None and remote == self.dir(version):
+                self.own_folder(version)
+            else:
+                found = [remote] + [
+                    os.path.join(f, n) for f, d, fs in os.walk(remote) for n in (*d, *fs)
+                ]
+                self.store.confine(found, f"downloading {remote}")
+        else:
+            listed = self.store.retrying(f"listing {remote}", lambda: self.store.fs.find(remote))
+            prefix = remote.rstrip("/") + "/"
+            for key in listed:
+                parts = key[len(prefix) :].split("/") if key.startswith(prefix) else [".."]
+                if any(part in ("", ".", "..") for part in parts):
+                    raise GagpoError(
+                        f"store {self.store.url}: {key!r} is listed in {remote} but names no "
+                        "file of it; refused: a store reads only its own files"
+                    )
+        self.store.download(remote, local)
+
+    def load_files(self) -> list[str]:
+        """The committed loads files (`layout.loads`): names of the layout's grammar, the
+        store's own (no link), temporaries and other names left out."""
+        store = self.store
+        paths = store.glob(layout.loads(store.root, "*", "*"))
+        return sorted(p for p in paths if layout.parse_loads(p) and store.is_own(p))
+
+    def version_table(self, schema: pa.Schema) -> pa.Table:
+        """One row per version that has a folder under policy/ or that LATEST has reached
+        (`schema`: version, published, stored, is_latest; see the module docstring). LATEST
+        must name a complete version, so the rows are at most MAX_VERSION plus the folders;
+        they are built as columns, not row by row."""
+        latest = self.latest(complete=True)
+        folders = self.folders()
+        stored = np.array(self.stored(), dtype=np.int64)
+        upto = latest + 1 if latest is not None else 0
+        beyond = np.array([v for v in folders if v >= upto], dtype=np.int64)
+        versions = np.concatenate([np.arange(upto, dtype=np.int64), beyond])
+        is_stored = np.isin(versions, stored)
+        published = (versions < upto) | ((versions == 0) & is_stored)
+        columns = [versions, published, is_stored, versions == (-1 if latest is None else latest)]
+        return pa.Table.from_arrays([pa.array(c) for c in columns], schema=schema)
+
+
+def read_head(store, path: str, limit: int) -> bytes:
+    """At most `limit` bytes of the store's file `path` (`Store.confine`: its own, no link),
+    so a small record (LATEST, delta.json) that a hostile store made huge is never read
+    whole; transient errors retried."""
+    store.confine([path], "reading")
+    return store.retrying(f"reading {path}", lambda: store.fs.cat_file(path, start=0, end=limit))
+
+
+LATEST_READS = 5  # reads of a LATEST that moves while a reader checks its version
 
 
 # policy/loads/<run_id>-<id>.parquet: one row per policy version an actor loaded (issue 40).
@@ -203,6 +332,18 @@ LOADS_SCHEMA = pa.schema(
         pa.field("loaded_at", pa.timestamp("us", tz="UTC")),
     ]
 )
+
+
+def check_loads(found: pa.Schema) -> None:
+    """Raise ValueError unless a loads file's schema `found` has every column of
+    LOADS_SCHEMA, of its type: a file with other columns would read as rows of NULLs."""
+    for field in LOADS_SCHEMA:
+        if field.name not in found.names:
+            raise ValueError(
+                f"no column {field.name!r} (accepted: {', '.join(LOADS_SCHEMA.names)})"
+            )
+        if not found.field(field.name).type.equals(field.type):
+            raise ValueError(f"column {field.name} has type {found.field(field.name).type}")
 
 
 class LoadLog:
@@ -235,7 +376,3 @@ def is_published(version: int, latest: int | None, stored: bool) -> bool:
     """Whether `version` was published: LATEST (`latest`, None before the learner's first
     publication) has reached it, or it is the base policy v0 and `stored`."""
     return (latest is not None and version <= latest) or (version == 0 and stored)
-
-
-def _safe_name(url: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in url)
