@@ -271,6 +271,120 @@ def print_turns(args, rows: list[dict]) -> None:
         )
 
 
+def vocab_case(path: str, n: int, hidden: int) -> dict:
+    """One log-prob pass (forward, with entropy, and backward) of `n` action tokens through
+    a random 1-layer Qwen2 with Qwen2.5's vocabulary (151,936): its peak RSS above the RSS
+    before it (sampled every 2 ms), in this process alone."""
+    import gc
+
+    import psutil
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=151_936,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 64),
+        max_position_embeddings=32_768,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(config).train()
+    steps, prompt = 8, 64
+    rng = np.random.default_rng(0)
+    a = n // steps
+    table = pa.table(
+        {
+            C.GROUP_ID: pa.array(["g"] * steps),
+            C.TRAJ_ID: pa.array([f"t{i}" for i in range(steps)]),
+            C.STEP: pa.array(np.zeros(steps, dtype=np.int32)),
+            C.PROMPT_IDS: pa.array([rng.integers(3, 151_936, prompt).tolist()] * steps),
+            C.ACTION_IDS: pa.array(
+                [rng.integers(3, 151_936, a).tolist() for _ in range(steps)], pa.list_(pa.int64())
+            ),
+            C.BEHAVIOR_LOGPROBS: pa.array([[-1.0] * a] * steps, pa.list_(pa.float32())),
+            C.POLICY_VERSION: pa.array(np.zeros(steps, dtype=np.int64)),
+            C.ADVANTAGE: pa.array(np.ones(steps)),
+        }
+    )
+    (mb,) = plan(table, version=0, pad_id=0, max_positions=32_768, budget=1 << 30, token_mean=False)
+    proc, peak, done = psutil.Process(), [0], threading.Event()
+    gc.collect()
+    base = proc.memory_info().rss
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], proc.memory_info().rss)
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    start = time.perf_counter()
+    logp, entropy = action_logprobs(model, mb, 1.0, True, vocab_chunks=path == "chunked")
+    (logp.sum() + entropy.sum()).backward()
+    seconds = time.perf_counter() - start
+    done.set()
+    watcher.join()
+    return {
+        "path": path,
+        "tokens": int(mb.action_mask.sum()),
+        "peak_mb": (peak[0] - base) / 2**20,
+        "s": seconds,
+    }
+
+
+def bench_vocab(args) -> list[dict]:
+    """Each (path, N) in its own process, so that no freed memory of one is counted in
+    another. The full path is measured only where its logits (fp32 N × V, several copies)
+    fit in the free memory with room to spare."""
+    import json
+    import subprocess
+
+    import psutil
+
+    rows = []
+    for n in args.vocab_tokens:
+        for path in ("full", "chunked"):
+            need = 4 * n * 151_936 * 5  # about five [N, V] fp32 tensors at once
+            if path == "full" and need > 0.6 * psutil.virtual_memory().available:
+                rows.append({"path": path, "tokens": n, "peak_mb": None, "s": None})
+                continue
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--vocab-case",
+                    f"{path}:{n}",
+                    "--hidden",
+                    str(args.hidden),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            rows.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def print_vocab(args, rows: list[dict]) -> None:
+    print(
+        f"# log-prob pass memory — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
+        f"torch {torch.__version__}; random 1-layer Qwen2, hidden {args.hidden}, V = 151,936; "
+        "forward with entropy + backward; peak RSS above the RSS before the pass"
+    )
+    print("| action tokens | full: peak MB | s | chunked: peak MB | s | full / chunked |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    by = {(r["path"], r["tokens"]): r for r in rows}
+    for n in args.vocab_tokens:
+        f, c = by.get(("full", n)), by.get(("chunked", n))
+        fm = f"{f['peak_mb']:,.0f}" if f and f["peak_mb"] is not None else "not run (memory)"
+        fs = f"{f['s']:.1f}" if f and f["s"] is not None else "–"
+        ratio = f"{f['peak_mb'] / c['peak_mb']:.1f}×" if f and f["peak_mb"] else "–"
+        print(f"| {n:,} | {fm} | {fs} | {c['peak_mb']:,.0f} | {c['s']:.1f} | {ratio} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -291,7 +405,15 @@ def main() -> None:
     parser.add_argument("--delay-shards", type=int, default=6)
     parser.add_argument("--delay-gap", type=float, default=1.5, help="seconds between two commits")
     parser.add_argument("--poll-interval", type=float, default=0.2)
-    parser.add_argument("--mode", choices=["throughput", "turns"], default="throughput")
+    parser.add_argument("--mode", choices=["throughput", "turns", "vocab"], default="throughput")
+    vocab = parser.add_argument_group("--mode vocab")
+    vocab.add_argument(
+        "--vocab-tokens",
+        type=lambda v: [int(t) for t in v.split(",")],
+        default=[1024, 2048, 4096, 8192],
+        help="action tokens of the log-prob pass",
+    )
+    vocab.add_argument("--vocab-case", help=argparse.SUPPRESS)  # PATH:N, one measurement
     turns = parser.add_argument_group("--mode turns")
     turns.add_argument(
         "--turns", type=lambda v: [int(t) for t in v.split(",")], default=[5, 20, 50]
@@ -308,6 +430,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.vocab_case:
+        import json
+
+        path, n = args.vocab_case.split(":")
+        print(json.dumps(vocab_case(path, int(n), args.hidden)))
+        return
+    if args.mode == "vocab":
+        print_vocab(args, bench_vocab(args))
+        return
     if args.mode == "turns":
         with tempfile.TemporaryDirectory() as tmp:
             folder = (
