@@ -6,7 +6,10 @@ colour per run in every figure. Curves are smoothed (an exponential moving avera
 the points along training) with the raw points faint behind them.
 
 This module opens the stores and writes the parts; the figures are drawn by
-inspection/report_figures.py and summary.md is written by inspection/report_summary.py.
+inspection/report_figures.py, inspection/report_credit.py (the heat map) and
+inspection/report_analyses.py (the paper's three analyses, with their tables), on the
+shared look of inspection/report_base.py; summary.md is written by
+inspection/report_summary.py.
 
 Figures (each written only when its data exists):
     learning_curves.png   success rate and mean return against environment steps, success
@@ -24,6 +27,10 @@ Figures (each written only when its data exists):
     learner.png           loss, entropy, grad norm, lr, tokens/s, staleness, behaviour weight,
                           behaviour/learner mismatch per update, and the behaviour-weight
                           histogram on an axis fitted to the data
+    early_learning.png    the paper's analyses (inspection/report_analyses.py): success
+    interaction_efficiency.png  against environment steps consumed, environment steps per
+    smoothness.png        successful episode over training, and the update-to-update
+                          change |Δ| of loss, gradient norm and KL
 """
 
 from __future__ import annotations
@@ -34,23 +41,27 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from gagpo.inspection.report_analyses import (
+    plot_early_learning,
+    plot_interaction_efficiency,
+    plot_smoothness,
+)
+from gagpo.inspection.report_base import Run, query_scalar
+from gagpo.inspection.report_credit import plot_credit_heatmap
 from gagpo.inspection.report_figures import (
-    Run,
     plot_advantages,
-    plot_credit_heatmap,
     plot_episodes,
     plot_learner,
     plot_learning_curves,
     plot_singletons,
     plot_value_proxy,
-    query_scalar,
 )
 from gagpo.inspection.report_summary import summary
 from gagpo.inspection.sql import DEFAULT_GAMMA, Limits, close_store_db, open_store_db, time_limit
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.store import Store
 
-PARTS = 8  # figures + summary, for a progress bar
+PARTS = 11  # figures + summary, for a progress bar
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
 
 
@@ -162,6 +173,9 @@ def _build(runs: list[Run], out: Path, traj_ids: list[str], progress) -> Report:
             lambda rs, p: plot_credit_heatmap(rs, p, traj_ids),
         ),
         ("learner.png", "has_learner", plot_learner),
+        ("early_learning.png", "has_steps", plot_early_learning),
+        ("interaction_efficiency.png", "has_steps", plot_interaction_efficiency),
+        ("smoothness.png", "has_learner", plot_smoothness),
     ]
     for name, needs, plot in plots:
         have = [r for r in runs if getattr(r, needs)]

@@ -6,108 +6,26 @@ figure shows what, and writes them.
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from gagpo.inspection.intervals import wilson
-from gagpo.schemas.errors import GagpoError
-from gagpo.storage.store import Store
+from gagpo.inspection.report_base import (
+    Run,
+    colour,
+    curve,
+    empty,
+    figure,
+    finite,
+    integer_ticks,
+    legend,
+    query_rows,
+    save,
+)
 
 BINS = 50  # shared histogram bins for advantage distributions
 CURVE_POINTS = 100  # shards are binned into at most this many points along training
 SCATTER_POINTS = 3000  # steps sampled per estimator for the value-proxy scatter
 MAX_TURNS_BY_TURN = 40  # the advantage-by-turn panel shows turns 0..this-1
-MAX_HEATMAP_TRAJS = 4
-MAX_HEATMAP_ESTIMATORS = 4
-ANNOTATE_MAX_TURNS = 25
-LABEL_CHARS = 34  # state / action text shown per heat-map row
-
-
-@dataclass
-class Run:
-    """One store in the report, its label, and its SQL connection."""
-
-    label: str
-    store: Store
-    con: object
-    has_steps: bool = False
-    has_advantages: bool = False
-    has_learner: bool = False
-
-
-# --- helpers -------------------------------------------------------------------------
-def query_rows(con, query: str, params: list | None = None) -> list[dict]:
-    relation = con.execute(query, params or [])
-    names = [d[0] for d in relation.description]
-    return [dict(zip(names, row, strict=True)) for row in relation.fetchall()]
-
-
-def query_scalar(con, query: str, params: list | None = None):
-    return con.execute(query, params or []).fetchone()[0]
-
-
-def _figure(rows: int, cols: int, width: float = 4.6, height: float = 3.2):
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
-    return fig, axes
-
-
-def _save(fig, path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
-
-
-def _colour(i: int):
-    import matplotlib
-
-    return matplotlib.colormaps["tab10"](i % 10)
-
-
-def _integer_ticks(ax) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))  # long step counts stay legible
-
-
-def _finite(value) -> bool:
-    return value is not None and math.isfinite(value)
-
-
-def ema(values: list[float | None], span: float | None = None) -> list[float | None]:
-    """Exponential moving average along training (span ≈ a tenth of the points, ≥ 2);
-    missing values are skipped, not counted as 0."""
-    import polars as pl
-
-    n = sum(_finite(v) for v in values)
-    span = span or max(2.0, n / 10)
-    series = pl.Series([v if _finite(v) else None for v in values], dtype=pl.Float64)
-    return series.ewm_mean(span=span, ignore_nulls=True, adjust=True).to_list()
-
-
-def _curve(ax, xs, ys, colour, label: str | None) -> bool:
-    """Raw points faint, the smoothed curve on top; False when there is nothing to draw."""
-    points = [(x, y) for x, y in zip(xs, ys, strict=True) if x is not None and _finite(y)]
-    if not points:
-        return False
-    px, py = zip(*points, strict=True)
-    ax.plot(px, py, "o", color=colour, alpha=0.25, markersize=3, linewidth=0)
-    ax.plot(px, ema(list(py)), "-", color=colour, linewidth=1.8, label=label)
-    return True
-
-
-def _legend(ax, runs: list[Run]) -> None:
-    if len(runs) > 1 and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, frameon=False)
-
-
-def _empty(ax, text: str = "not recorded") -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
 
 
 # --- learning curves -----------------------------------------------------------------
@@ -141,7 +59,7 @@ _HELDOUT = "SELECT policy_version AS version, success_rate, rollouts FROM heldou
 
 def plot_learning_curves(runs: list[Run], path: Path) -> bool:
     heldout = [query_rows(run.con, _HELDOUT) for run in runs]
-    fig, axes = _figure(1, 4 if any(heldout) else 3)
+    fig, axes = figure(1, 4 if any(heldout) else 3)
     panels = [
         (axes[0][0], "env_steps", "success_rate", "environment steps", "success rate"),
         (axes[0][1], "env_steps", "mean_return", "environment steps", "mean return"),
@@ -156,7 +74,7 @@ def plot_learning_curves(runs: list[Run], path: Path) -> bool:
                     xs,
                     [r["success_rate"] for r in rows],
                     "o-",
-                    color=_colour(i),
+                    color=colour(i),
                     markersize=4,
                     label=run.label,
                 )
@@ -165,7 +83,7 @@ def plot_learning_curves(runs: list[Run], path: Path) -> bool:
                     xs,
                     [lo for lo, _ in band],
                     [hi for _, hi in band],
-                    color=_colour(i),
+                    color=colour(i),
                     alpha=0.18,
                     linewidth=0,
                 )
@@ -182,36 +100,36 @@ def plot_learning_curves(runs: list[Run], path: Path) -> bool:
             if x is None:  # the held-out panel, drawn above
                 continue
             rows = by_steps if x == "env_steps" else by_version
-            _curve(ax, [r[x] for r in rows], [r[y] for r in rows], _colour(i), run.label)
+            curve(ax, [r[x] for r in rows], [r[y] for r in rows], colour(i), run.label)
     for ax, _, y, xlabel, ylabel in panels:
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        _integer_ticks(ax)
+        integer_ticks(ax)
         if y == "success_rate":
             ax.set_ylim(-0.03, 1.03)
-        _legend(ax, runs)
+        legend(ax, runs)
     fig.suptitle("Learning curves (line: moving average; dots: per point)")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_episodes(runs: list[Run], path: Path) -> bool:
-    fig, axes = _figure(1, 2)
+    fig, axes = figure(1, 2)
     for i, run in enumerate(runs):
         rows = query_rows(run.con, PER_VERSION)
         versions = [r["version"] for r in rows]
-        _curve(axes[0][0], versions, [r["invalid_rate"] for r in rows], _colour(i), run.label)
-        _curve(axes[0][1], versions, [r["episode_length"] for r in rows], _colour(i), run.label)
+        curve(axes[0][0], versions, [r["invalid_rate"] for r in rows], colour(i), run.label)
+        curve(axes[0][1], versions, [r["episode_length"] for r in rows], colour(i), run.label)
     for ax, label in zip(axes[0], ["invalid-action rate", "episode length (turns)"], strict=True):
         ax.set_xlabel("policy version")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        _integer_ticks(ax)
-        _legend(ax, runs)
+        integer_ticks(ax)
+        legend(ax, runs)
     axes[0][0].set_ylim(-0.03, 1.03)
     axes[0][1].set_ylim(bottom=0)
     fig.suptitle("Episodes per policy version")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 # --- advantages ----------------------------------------------------------------------
@@ -247,7 +165,7 @@ def plot_advantages(runs: list[Run], path: Path) -> bool:
     if not hi > lo:
         lo, hi = lo - 1.0, hi + 1.0
     edges = np.linspace(lo, hi, BINS + 1)
-    fig, axes = _figure(1, 2, width=5.6, height=3.6)
+    fig, axes = figure(1, 2, width=5.6, height=3.6)
     hist_ax, turn_ax = axes[0]
     for i, (run, tag, label) in enumerate(series):
         counts = np.zeros(BINS)
@@ -259,7 +177,7 @@ def plot_advantages(runs: list[Run], path: Path) -> bool:
             [lo, hi, lo, tag],
         ):
             counts[r["bin"]] = r["n"]
-        hist_ax.stairs(counts, edges, color=_colour(i), linewidth=1.5, label=label)
+        hist_ax.stairs(counts, edges, color=colour(i), linewidth=1.5, label=label)
         by_turn = query_rows(
             run.con,
             "SELECT step, avg(advantage) AS mean, stddev_pop(advantage) AS std FROM advantages "
@@ -269,8 +187,8 @@ def plot_advantages(runs: list[Run], path: Path) -> bool:
         steps = np.array([r["step"] for r in by_turn])
         mean = np.array([r["mean"] for r in by_turn], dtype=float)
         std = np.array([r["std"] or 0.0 for r in by_turn], dtype=float)
-        turn_ax.plot(steps, mean, "-o", color=_colour(i), markersize=3, label=label)
-        turn_ax.fill_between(steps, mean - std, mean + std, color=_colour(i), alpha=0.12)
+        turn_ax.plot(steps, mean, "-o", color=colour(i), markersize=3, label=label)
+        turn_ax.fill_between(steps, mean - std, mean + std, color=colour(i), alpha=0.12)
     hist_ax.set_yscale("log")
     hist_ax.set_xlabel("advantage (shared bins; outliers in the edge bins)")
     hist_ax.set_ylabel("steps (log scale)")
@@ -280,10 +198,10 @@ def plot_advantages(runs: list[Run], path: Path) -> bool:
     turn_ax.set_xlabel("turn")
     turn_ax.set_ylabel("advantage: mean ± std over steps")
     turn_ax.grid(alpha=0.3)
-    _integer_ticks(turn_ax)
+    integer_ticks(turn_ax)
     turn_ax.legend(fontsize=7, frameon=False)
     fig.suptitle("Advantages per estimator")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 _SCATTER = f"""
@@ -297,7 +215,7 @@ def plot_value_proxy(runs: list[Run], path: Path) -> bool:
 
     series = _estimator_series(runs)[:6]
     cols = min(3, len(series))
-    fig, axes = _figure(math.ceil(len(series) / cols), cols, width=max(3.6, 7.2 / cols), height=3.6)
+    fig, axes = figure(math.ceil(len(series) / cols), cols, width=max(3.6, 7.2 / cols), height=3.6)
     points = [query_rows(run.con, _SCATTER, [tag]) for run, tag, _ in series]
     values = [v for rows in points for r in rows for v in (r["return"], r["value_proxy"])]
     lo, hi = min(values), max(values)
@@ -306,7 +224,7 @@ def plot_value_proxy(runs: list[Run], path: Path) -> bool:
         ax = axes[k // cols][k % cols]
         g = np.array([r["return"] for r in rows], dtype=float)
         v = np.array([r["value_proxy"] for r in rows], dtype=float)
-        ax.scatter(g, v, s=6, alpha=0.3, color=_colour(k), linewidths=0)
+        ax.scatter(g, v, s=6, alpha=0.3, color=colour(k), linewidths=0)
         ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", linewidth=0.8)
         corr = (
             np.corrcoef(g, v)[0, 1] if len(g) > 1 and g.std() > 0 and v.std() > 0 else float("nan")
@@ -320,7 +238,7 @@ def plot_value_proxy(runs: list[Run], path: Path) -> bool:
     for j in range(len(series), len(axes) * cols):
         axes[j // cols][j % cols].axis("off")
     fig.suptitle("Value proxy against realised return-to-go (grey: V̂ = G)")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 # --- singleton states ----------------------------------------------------------------
@@ -340,7 +258,7 @@ SELECT sum(steps) OVER (ORDER BY bin) AS env_steps, singleton_rate FROM points O
 
 
 def plot_singletons(runs: list[Run], path: Path) -> bool:
-    fig, axes = _figure(1, 2)
+    fig, axes = figure(1, 2)
     for i, run in enumerate(runs):
         by_steps = query_rows(run.con, _SINGLETON_BY_STEPS)
         by_version = query_rows(
@@ -352,199 +270,18 @@ def plot_singletons(runs: list[Run], path: Path) -> bool:
             (axes[0][0], by_version, "version"),
             (axes[0][1], by_steps, "env_steps"),
         ]:
-            _curve(
-                ax, [r[x] for r in rows], [r["singleton_rate"] for r in rows], _colour(i), run.label
+            curve(
+                ax, [r[x] for r in rows], [r["singleton_rate"] for r in rows], colour(i), run.label
             )
     for ax, label in zip(axes[0], ["policy version", "environment steps"], strict=True):
         ax.set_xlabel(label)
         ax.set_ylabel("singleton-state rate")
-        _integer_ticks(ax)
+        integer_ticks(ax)
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
-        _legend(ax, runs)
+        legend(ax, runs)
     fig.suptitle("Steps whose state occurs once in their group")
-    return _save(fig, path)
-
-
-# --- credit heatmap ------------------------------------------------------------------
-def _primary_estimator(con) -> str:
-    """The tag shown first: a GAGPO one where there is one."""
-    tags = query_rows(con, "SELECT estimator, name FROM estimators ORDER BY estimator")
-    names = [(row["name"] or row["estimator"]).lower() for row in tags]
-    for wanted in (lambda n: n == "gagpo", lambda n: n.startswith("gagpo")):
-        for row, name in zip(tags, names, strict=True):
-            if wanted(name):
-                return row["estimator"]
-    return tags[0]["estimator"]
-
-
-def _short_names(con, tags: list[str]) -> dict[str, str]:
-    """Estimator name for a tag where no other shown tag has the same name, else the tag."""
-    names = {
-        r["estimator"]: r["name"] or r["estimator"]
-        for r in query_rows(con, "SELECT estimator, name FROM estimators")
-    }
-    shown = [names[tag] for tag in tags]
-    return {tag: names[tag] if shown.count(names[tag]) == 1 else tag for tag in tags}
-
-
-def _default_trajectories(con, tag: str) -> list[str]:
-    """Best and worst rollout of the group (with advantages) whose returns differ most."""
-    rows = query_rows(
-        con,
-        """
-        WITH covered AS (SELECT DISTINCT group_id FROM advantages WHERE estimator = ?)
-        SELECT t.traj_id, t."return", t.group_id
-        FROM trajectories t JOIN covered USING (group_id)
-        WHERE t.group_id = (
-            SELECT g.group_id FROM groups g JOIN covered USING (group_id)
-            ORDER BY g.max_return - g.min_return DESC, g.group_id LIMIT 1)
-        ORDER BY t."return" DESC, t.traj_id
-        """,
-        [tag],
-    )
-    if not rows:
-        return []
-    chosen = [rows[0]["traj_id"]]
-    if len(rows) > 1:
-        chosen.append(rows[-1]["traj_id"])
-    return chosen
-
-
-def _clip_text(text: str | None, n: int = LABEL_CHARS) -> str:
-    text = " ".join(str(text or "").split())
-    text = text if len(text) <= n else text[: n - 1] + "…"
-    return text.replace("$", r"\$")  # environment text, not mathtext
-
-
-def _turn_labels(rollouts: list[list[tuple]]) -> list[list[str]]:
-    """`turn: action | sK state` per row. States are numbered in order of first visit over
-    all rollouts shown (equal numbers: the same state, pooled by the value proxy), and the
-    text shown starts where the states begin to differ."""
-    states = list(dict.fromkeys(state for rows in rollouts for _, state, _, _ in rows))
-    number = {state: k for k, state in enumerate(states)}
-    prefix = len(os.path.commonprefix(states)) if len(states) > 1 else 0  # noqa: RUF071 (text)
-    return [
-        [
-            f"{turn}: {_clip_text(action, 18)}{'' if valid else ' ✗'} | "
-            f"s{number[state]} {_clip_text(state[prefix:], 24)}"
-            for turn, state, action, valid in rows
-        ]
-        for rows in rollouts
-    ]
-
-
-def plot_credit_heatmap(runs: list[Run], path: Path, traj_ids: list[str]) -> bool:
-    """The first run holding the chosen rollouts (default: the first with advantages)."""
-    run = runs[0]
-    if traj_ids:
-        holders = [
-            r
-            for r in runs
-            if query_scalar(r.con, "SELECT count(*) FROM steps WHERE traj_id = ?", [traj_ids[0]])
-        ]
-        if not holders:
-            raise GagpoError(
-                f"--traj {traj_ids[0]!r} is not in the store; accepted: a traj_id of steps"
-            )
-        run = holders[0]
-    con = run.con
-    primary = _primary_estimator(con)
-    others = [
-        r["estimator"]
-        for r in query_rows(con, "SELECT estimator FROM estimators ORDER BY estimator")
-        if r["estimator"] != primary
-    ]
-    tags = [primary, *others[: MAX_HEATMAP_ESTIMATORS - 1]]
-    chosen = traj_ids or _default_trajectories(con, primary)
-    known = {
-        r["traj_id"]
-        for r in query_rows(
-            con, "SELECT DISTINCT traj_id FROM steps WHERE list_contains(?, traj_id)", [chosen]
-        )
-    }
-    missing = [t for t in chosen if t not in known]
-    if missing:
-        raise GagpoError(f"--traj {missing[0]!r} is not in the store; accepted: a traj_id of steps")
-    chosen = chosen[:MAX_HEATMAP_TRAJS]
-    if not chosen:
-        return False
-    import numpy as np
-
-    short = _short_names(con, tags)
-    columns = ["reward", f"V̂ {short[primary]}", f"δ {short[primary]}"]
-    columns += [f"Â {short[tag]}" for tag in tags]
-    grids, labels, titles = [], [], []
-    for traj in chosen:
-        rows = query_rows(
-            con,
-            """
-            SELECT s.step, s.reward::DOUBLE AS reward, s.state_key, s.action_text,
-                   s.action_valid, a.estimator, a.value_proxy, a.td_residual, a.advantage
-            FROM steps s
-            LEFT JOIN advantages a ON a.traj_id = s.traj_id AND a.step = s.step
-                 AND list_contains(?, a.estimator)
-            WHERE s.traj_id = ? ORDER BY s.step
-            """,
-            [tags, traj],
-        )
-        turns = sorted({r["step"] for r in rows})
-        grid = np.full((len(turns), len(columns)), np.nan)
-        text = {}
-        for r in rows:
-            t = turns.index(r["step"])
-            grid[t, 0] = r["reward"]
-            text[t] = (r["state_key"], r["action_text"], r["action_valid"])
-            if r["estimator"] == primary:
-                grid[t, 1], grid[t, 2] = r["value_proxy"], r["td_residual"]
-            if r["estimator"] in tags:
-                grid[t, 3 + tags.index(r["estimator"])] = r["advantage"]
-        grids.append(grid)
-        labels.append([(turns[t], *text[t]) for t in range(len(turns))])
-        success = query_scalar(con, "SELECT success FROM trajectories WHERE traj_id = ?", [traj])
-        ret = query_scalar(con, 'SELECT "return" FROM trajectories WHERE traj_id = ?', [traj])
-        titles.append(f"{traj} — {'success' if success else 'failure'}, return {ret:.3g}")
-
-    labels = _turn_labels(labels)
-    # One colour scale for every cell: the largest |value| shown (rewards, values and
-    # advantages are compared as they are, not rescaled per row).
-    scale = max(float(np.nanmax(np.abs(g), initial=0.0)) for g in grids) or 1.0
-    heights = [max(len(g), 1) for g in grids]
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        len(grids),
-        1,
-        figsize=(8.5, 1.3 + 0.28 * sum(heights) + 0.5 * len(grids)),
-        squeeze=False,
-        gridspec_kw={"height_ratios": heights},
-        layout="constrained",
-    )
-    image = None
-    for ax, grid, rows_text, title in zip((a[0] for a in axes), grids, labels, titles, strict=True):
-        image = ax.imshow(
-            grid, aspect="auto", cmap="RdBu", vmin=-scale, vmax=scale, interpolation="nearest"
-        )
-        ax.set_yticks(range(len(rows_text)), rows_text, fontsize=7, family="monospace")
-        ax.set_xticks(range(len(columns)), columns, fontsize=7)
-        ax.xaxis.tick_top()
-        ax.set_title(title, fontsize=8, loc="left")
-        if len(rows_text) <= ANNOTATE_MAX_TURNS:
-            for (i, j), value in np.ndenumerate(grid):
-                if not np.isnan(value):
-                    colour = "white" if abs(value) > 0.6 * scale else "black"
-                    ax.text(
-                        j, i, f"{value:.2g}", ha="center", va="center", fontsize=6.5, color=colour
-                    )
-    fig.colorbar(image, ax=[a[0] for a in axes], shrink=0.8, pad=0.01, label="value (one scale)")
-    fig.suptitle(
-        f"Credit per turn ({run.label}) — row: turn: action | state (sK: K-th distinct "
-        "state; ✗: invalid action)",
-        fontsize=9,
-    )
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return True
+    return save(fig, path)
 
 
 # --- learner -------------------------------------------------------------------------
@@ -566,7 +303,7 @@ _LEARNER_PANELS = [
 
 
 def plot_learner(runs: list[Run], path: Path) -> bool:
-    fig, axes = _figure(3, 3, width=4.2, height=2.9)
+    fig, axes = figure(3, 3, width=4.2, height=2.9)
     flat = [ax for row in axes for ax in row]
     metrics = [
         query_rows(run.con, 'SELECT * FROM learner_metrics ORDER BY "update"') for run in runs
@@ -579,29 +316,29 @@ def plot_learner(runs: list[Run], path: Path) -> bool:
                 ys = [r.get(column) for r in rows]
                 tag = run.label if len(columns) == 1 else f"{run.label} {column.rsplit('_', 1)[1]}"
                 if k:  # the max of a mean/max pair: dashed, no raw points
-                    pts = [(r["update"], y) for r, y in zip(rows, ys, strict=True) if _finite(y)]
+                    pts = [(r["update"], y) for r, y in zip(rows, ys, strict=True) if finite(y)]
                     if pts:
                         ax.plot(
                             *zip(*pts, strict=True),
                             "--",
-                            color=_colour(i),
+                            color=colour(i),
                             linewidth=1,
                             label=tag if len(runs) > 1 or len(columns) > 1 else None,
                         )
                     continue
-                drawn |= _curve(
+                drawn |= curve(
                     ax,
                     [r["update"] for r in rows],
                     ys,
-                    _colour(i),
+                    colour(i),
                     tag if len(runs) > 1 or len(columns) > 1 else None,
                 )
         if not drawn:
-            _empty(ax, "not computed at these settings")
+            empty(ax, "not computed at these settings")
             ax.set_xticks([])
             ax.set_yticks([])
         elif log and all(
-            y > 0 for rows in metrics for r in rows for y in [r.get(columns[0])] if _finite(y)
+            y > 0 for rows in metrics for r in rows for y in [r.get(columns[0])] if finite(y)
         ):
             ax.set_yscale("log")
         if updates:  # every panel on the same update axis
@@ -609,12 +346,12 @@ def plot_learner(runs: list[Run], path: Path) -> bool:
         ax.set_xlabel("update")
         ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)
-        _integer_ticks(ax)
+        integer_ticks(ax)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6, frameon=False)
     _behaviour_weight_histogram(flat[len(_LEARNER_PANELS)], runs, metrics)
     fig.suptitle("Learner per update (line: moving average; dots: per update)")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _behaviour_weight_histogram(ax, runs: list[Run], metrics: list[list[dict]]) -> None:
@@ -627,7 +364,7 @@ def _behaviour_weight_histogram(ax, runs: list[Run], metrics: list[list[dict]]) 
             ax.stairs(
                 [b["count"] for b in bins],
                 [bins[0]["low"]] + [b["high"] for b in bins],
-                color=_colour(i),
+                color=colour(i),
                 label=run.label if len(runs) > 1 else None,
             )
             lows.append(used[0]["low"])
@@ -637,15 +374,15 @@ def _behaviour_weight_histogram(ax, runs: list[Run], metrics: list[list[dict]]) 
             values = [
                 r["behavior_weight_mean"]
                 for r in metrics[i]
-                if _finite(r.get("behavior_weight_mean"))
+                if finite(r.get("behavior_weight_mean"))
             ]
             if values:
-                ax.hist(values, bins=20, histtype="step", color=_colour(i))
+                ax.hist(values, bins=20, histtype="step", color=colour(i))
                 lows.append(min(values))
                 highs.append(max(values))
                 drawn = True
     if not drawn:
-        _empty(ax)
+        empty(ax)
         return
     lo, hi = min(lows), max(highs)
     pad = 0.1 * (hi - lo or 0.1)

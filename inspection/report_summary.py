@@ -7,22 +7,10 @@ import math
 from pathlib import Path
 
 from gagpo.inspection.intervals import change_line, wilson
-from gagpo.inspection.report_figures import PER_VERSION, Run, query_rows
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
-    return str(value).replace("|", "\\|")
-
-
-def _table(rows: list[dict], columns: list[str]) -> list[str]:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(r[c]) for c in columns) + " |" for r in rows]
-    return lines
-
+from gagpo.inspection.report_analyses import analyses_section
+from gagpo.inspection.report_base import Run, query_rows
+from gagpo.inspection.report_base import markdown_table as _table
+from gagpo.inspection.report_figures import PER_VERSION
 
 _TOTALS = """
 SELECT count(DISTINCT shard_id) AS shards, count(DISTINCT group_id) AS groups,
@@ -52,11 +40,13 @@ def summary(runs: list[Run], figures: list[Path], notes: list[str]) -> str:
                 }
             )
         lines += _table(rows, list(rows[0]))
-        lines.append("")
+        lines += [*analyses_section(runs), ""]  # the runs side by side
     for run in runs:
         if len(runs) > 1:
             lines += [f"# Run `{run.label}`", ""]
         lines += _run_summary(run.con)
+    if len(runs) == 1:
+        lines += analyses_section(runs)
     lines += ["", "## Figures", ""]
     lines += [f"![{p.stem}]({p.name})" for p in figures] or ["none (no data yet)"]
     if notes:

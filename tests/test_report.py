@@ -41,6 +41,8 @@ def test_report_writes_figures_and_summary(known_store, tmp_path):
         "value_proxy.png",
         "singleton_states.png",
         "credit_heatmap.png",
+        "early_learning.png",
+        "interaction_efficiency.png",
     }
     assert {p.name for p in out.glob("*.png")} == names
     for name in names:
@@ -72,6 +74,7 @@ def test_report_with_learner_metrics_and_chosen_trajectories(known_store, tmp_pa
     write_histograms(known_store)
     report = write_report(known_store, tmp_path / "r", traj_ids=["b1", "b0", "a0"])
     assert (tmp_path / "r" / "learner.png") in report.figures
+    assert (tmp_path / "r" / "smoothness.png") in report.figures
     for path in report.figures:
         assert_png(path)
     summary = report.summary.read_text()
@@ -84,7 +87,9 @@ def test_report_on_steps_only_and_on_an_empty_store(tmp_path):
     store.write_shard(make_steps(groups=2, group_size=3), group_size=3)
     report = write_report(store, tmp_path / "steps-only")
     assert sorted(p.name for p in report.figures) == [
+        "early_learning.png",
         "episodes.png",
+        "interaction_efficiency.png",
         "learning_curves.png",
         "singleton_states.png",
     ]
