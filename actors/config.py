@@ -22,11 +22,16 @@ class SamplingConfig(Config):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass; 1.0 samples from the full distribution."""
     max_new_tokens: int = Field(24, ge=1, le=4096)
-    """Longest reply, in tokens, for one agent turn."""
+    """Longest reply, in tokens, for one turn of a native environment (agents: max_reply_tokens)."""
     batch_size: int = Field(16, ge=1, le=4096)
     """Prompts generated together in one forward batch."""
-    max_prompt_tokens: int = Field(1536, ge=16, le=131072)
-    """Prompts longer than this are cut from the left (oldest history first)."""
+    max_prompt_tokens: int | None = Field(None, ge=16, le=1_048_576)
+    """Longest prompt; default: the model's context less max_new_tokens. A native prompt
+    past it drops whole oldest turns; an agent's call past it gets a 400."""
+    max_reply_tokens: int | None = Field(None, ge=1, le=1_048_576)
+    """Ceiling of an agent call's reply (its max_tokens / max_completion_tokens, or what a
+    call that names none gets); default: the model's context. max_new_tokens is the
+    native environments' reply budget and does not bound agents (docs/environments.md)."""
 
 
 class VllmSettings(Config):

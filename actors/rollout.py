@@ -49,6 +49,7 @@ from gagpo.actors.policies.prompt_ids import Prior, encode_prompt
 from gagpo.actors.prompts import build_messages, fit_messages, user_turn
 from gagpo.actors.slots import Slots, Started
 from gagpo.envs.base import Environment
+from gagpo.envs.openai_chat import RequestError
 from gagpo.envs.parse import parse_action
 from gagpo.schemas import columns as C
 from gagpo.schemas import extends
@@ -129,6 +130,7 @@ class _Rollout:
     chat: Any = None
     rows: list[int] = field(default_factory=list)
     prior: Prior | None = None  # its last recorded turn: what the next prompt may extend
+    refused: str = ""  # the last call the loop refused, and why (its 400's line)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,7 @@ class _Prompt:
     messages: tuple[dict, ...]
     tools: tuple[dict, ...] | None
     text: str | None  # the template's rendering (None for a stand-in policy)
+    budget: int | None = None  # an agent's reply budget (its max_tokens); None: native
 
 
 @dataclass(frozen=True)
@@ -244,7 +247,11 @@ class Rollouts:
         sampled = [r for r in ready if r.group.task.demonstrator is None]
         if sampled:
             seed = _round_seed([(r.group.task.sampling_seed, r.step) for r in sampled])
-            replies = self.policy.generate([prompts[id(r)].ids for r in sampled], seed=seed)
+            budgets = [prompts[id(r)].budget for r in sampled]
+            extra = {"max_tokens": budgets} if any(b is not None for b in budgets) else {}
+            replies = self.policy.generate(
+                [prompts[id(r)].ids for r in sampled], seed=seed, **extra
+            )
             for r, s in zip(sampled, replies, strict=True):
                 samples[id(r)] = s
         demonstrated = [r for r in ready if r.group.task.demonstrator is not None]
@@ -271,7 +278,8 @@ class Rollouts:
                     continue
                 key = f"{self.run_id}-{next(self._ids)}"
                 seed = request_seed(r.group.task.sampling_seed + r.step, r.j)
-                self.policy.submit(key, prompt.ids, seed=seed)  # type: ignore[attr-defined]
+                extra = {} if prompt.budget is None else {"max_tokens": prompt.budget}
+                self.policy.submit(key, prompt.ids, seed=seed, **extra)  # type: ignore[attr-defined]
                 self._requests[key] = (r, prompt, version)
             self._ready = []
         if not self._requests:
@@ -292,7 +300,11 @@ class Rollouts:
         if r.group.lost is not None:
             return None
         if r.chat is not None:  # an agent's messages and tools, through the chat template
-            messages, tools = r.chat.messages, r.chat.tools
+            try:
+                messages, tools = r.chat.chat_for(getattr(self.policy, "tokenizer", None))
+            except RequestError as refusal:  # tools its template cannot show: a 400
+                self._refuse(r, refusal)
+                return None
             try:
                 encoded = encode_prompt(self.policy, messages, tools, r.prior)
             except Exception as exc:  # e.g. roles a template refuses: this group alone is lost
@@ -300,9 +312,10 @@ class Rollouts:
                 return None
             refusal = r.chat.context_error(len(encoded.ids), self.policy)
             if refusal is not None:  # answered with OpenAI's 400; no step is recorded
-                self._call(self.slots.step(r.slot, refusal), r, _Reply(r, None, None, 0))
+                self._refuse(r, refusal)
                 return None
-            return _Prompt(encoded.ids, tuple(messages), tools, encoded.text)
+            budget = r.chat.reply_budget(len(encoded.ids), self.policy)
+            return _Prompt(encoded.ids, tuple(messages), tools, encoded.text, budget)
         messages = build_messages(
             r.group.instructions, r.history, r.observation, r.admissible, self.history_window
         )
@@ -317,6 +330,11 @@ class Rollouts:
                 return None
             messages, encoded = fitted, encode_prompt(self.policy, fitted)
         return _Prompt(encoded.ids, tuple(messages), None, encoded.text)
+
+    def _refuse(self, r: _Rollout, refusal: RequestError) -> None:
+        """Answer an agent's call with `refusal` (its 400); no step is recorded."""
+        r.refused = str(refusal)
+        self._call(self.slots.step(r.slot, refusal), r, _Reply(r, None, None, 0))
 
     def _cut(self, r: _Rollout, tokens: int, budget: int) -> None:
         """End a native rollout whose current turn alone is past the prompt budget: its
@@ -348,7 +366,7 @@ class Rollouts:
         if r.chat is not None:  # the agent gets the reply as an OpenAI chat completion
             sample = r.chat.fit(sample, self.policy)
             action = r.chat.respond(prompt.ids, sample, version, self.policy)
-            answer = r.chat.answered(action)
+            answer = r.chat.answered(action, getattr(self.policy, "tokenizer", None))
         else:
             action = parse_action(sample.text, r.admissible)
             answer = {"role": "assistant", "content": sample.text}
@@ -474,9 +492,7 @@ class Rollouts:
                 _turn_rewards(r, tr)
         elif tr.done or tr.truncated:
             self._lose_now(
-                r.group,
-                "an agent stopped before any call of it fit the context (its first was "
-                "answered context_length_exceeded); accepted: a larger sampling.max_prompt_tokens",
+                r.group, f"an agent stopped at its first call, which was refused: {r.refused}"
             )
             return
         self._next(r, tr)

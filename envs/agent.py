@@ -33,6 +33,7 @@ from typing import Any
 from gagpo.envs.base import Reset, Transition
 from gagpo.envs.openai_chat import Call, RequestError
 from gagpo.envs.outcome import AgentError, read_outcome
+from gagpo.envs.tool_calls import PARSERS, TOOL_PROMPTS
 from gagpo.schemas.errors import GagpoError
 
 DEFAULT_MODEL = "policy"
@@ -94,7 +95,10 @@ class AgentEnv:
     also from the start to its first call), `model` (the name the endpoint serves; the
     agent reads it from `task.model`), `state_key` (`module:function` taking the
     observation's messages and returning the state key), `port` (the endpoint's; 0: any
-    free one). Every other option goes to the agent in `task.options`.
+    free one), `tool_prompt` (`template`: a call with tools on a chat template that renders
+    none gets a 400; `hermes`: the tools go into the system message as a Hermes tool
+    block) and `tool_parser` (`auto`: the chat template's tool-call format; or one of
+    envs/tool_calls.py's `FORMATS`). Every other option goes to the agent in `task.options`.
     """
 
     thread_safe = True
@@ -111,6 +115,8 @@ class AgentEnv:
         model: str = DEFAULT_MODEL,
         state_key: str | None = None,
         port: int = 0,
+        tool_prompt: str = "template",
+        tool_parser: str = "auto",
         **options: Any,
     ) -> None:
         self.agent = load_function(spec) if isinstance(spec, str) else spec
@@ -131,6 +137,13 @@ class AgentEnv:
             port,
         )
         self.key_fn = load_function(state_key, "state_key") if state_key else None
+        for name, value, accepted in (
+            ("tool_prompt", tool_prompt, TOOL_PROMPTS),
+            ("tool_parser", tool_parser, PARSERS),
+        ):
+            if value not in accepted:
+                raise GagpoError(f"{name}={value!r} is not valid; accepted: {', '.join(accepted)}")
+        self.tools = {"tool_prompt": tool_prompt, "tool_parser": tool_parser}
         self.options = options
         self._endpoint = None
         self._rollout = None
@@ -152,7 +165,7 @@ class AgentEnv:
         self._keys = []
         task = AgentTask(task_seed, self.model, self.max_turns, dict(self.options))
         self._rollout = self._endpoint.open(
-            model=self.model, key_fn=self.key_fn, task=_public(task)
+            model=self.model, key_fn=self.key_fn, task=_public(task), tools=self.tools
         )
         self._start(task)
         event = self._next(self._first_wait_s())
@@ -167,7 +180,8 @@ class AgentEnv:
 
     def step(self, reply: dict | RequestError) -> AgentTransition:  # type: ignore[override]
         """Answer the held call with `reply`, or with the error the rollout loop gave for
-        a prompt past the context (no turn: actors/rollout.py records no step for it)."""
+        it (a prompt past the context, tools its template cannot show: no turn,
+        actors/rollout.py records no step for it)."""
         turn, self._turn = self._turn, None
         if turn is None or self._rollout is None:
             raise AgentError("step() without a call to answer")
@@ -243,14 +257,15 @@ class AgentEnv:
         return self.turn_timeout_s
 
     def _stopped_at_context(self, refused: Call, event) -> AgentTransition:
-        """The agent stopped at a call past the context, returning or raising (as an agent
-        that does not catch the `openai` client's BadRequestError does): its rollout is
-        truncated there, with the rewards it returned for its answered turns."""
+        """The agent stopped at a refused call (past the context, or tools its template
+        cannot show), returning or raising (as an agent that does not catch the `openai`
+        client's BadRequestError does): its rollout is truncated there, with the rewards it
+        returned for its answered turns."""
         turns = len(self._keys)
         rewards = [0.0] * turns
         if hasattr(event, "result") and turns:
             rewards = read_outcome(event.result, turns)[0]
-        self.close("the agent stopped at the context limit")
+        self.close("the agent stopped at a refused call")
         return AgentTransition(
             "",
             refused.state_key,

@@ -12,9 +12,10 @@ reply with the actor's policy (whatever its backend and batching) and the slot a
     POST /gagpo/v1/rollouts                agent+http: wait for a rollout to play; its base URL
     POST /gagpo/v1/rollouts/<token>/end    agent+http: close it with its reward
 
-What comes in is bounded: a body past its size (`MAX_CHAT_BYTES`, `MAX_CONTROL_BYTES`) is
-refused with a 413 once that much has been read, JSON nested past `MAX_JSON_DEPTH` with a
-400, and a handler that fails answers one line (500), never a traceback. agent+http's
+What comes in is bounded (envs/endpoint_input.py): a body past its size is refused with a
+413 once that much has been read, JSON nested past its depth bound with a 400 (the tool
+calls' `arguments` strings included), and a handler that fails answers one line (500),
+never a traceback. agent+http's
 routes, and the chat calls of the rollouts it hands out, need the actor's token
 (`Authorization: Bearer <token>`, the `openai` client's `api_key`): a process that can
 reach the loopback port but was not given the token cannot claim, play or end a rollout.
@@ -32,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import json
 import os
 import queue
 import re
@@ -44,19 +44,20 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
+from gagpo.envs.endpoint_input import (  # the bounds and events, re-exported
+    MAX_CHAT_BYTES,
+    MAX_CONTROL_BYTES,
+    MAX_JSON_DEPTH,  # noqa: F401
+    Ended,
+    Failed,
+    read_body,
+    read_end,
+    read_json,
+)
 from gagpo.envs.openai_chat import Call, RequestError, read_request
-from gagpo.envs.outcome import AgentError, read_outcome
 from gagpo.schemas.errors import GagpoError
 
-# A chat call carries the whole conversation (and its tools): 16 MiB is millions of tokens
-# of text. Claims and ends carry a few fields.
-MAX_CHAT_BYTES = 16 << 20
-MAX_CONTROL_BYTES = 64 << 10
-# Deep enough for any tool's JSON schema; shallow enough that nothing downstream (the chat
-# template, json.dumps) nears the interpreter's recursion limit.
-MAX_JSON_DEPTH = 64
 # The agent+http token: the actor's own (made here) unless this variable sets it, so that
 # whoever starts both the actor and its agent can give them the same one.
 TOKEN_VARIABLE = "GAGPO_AGENT_TOKEN"
@@ -69,20 +70,6 @@ class Turn:
 
     call: Call
     future: asyncio.Future
-
-
-@dataclass(frozen=True)
-class Ended:
-    """The agent returned (in-process) or closed its rollout (agent+http) with `result`."""
-
-    result: Any
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The agent raised, or an external agent gave up; `line` says why."""
-
-    line: str
 
 
 class RolloutClosed(Exception):
@@ -102,6 +89,7 @@ class Rollout:
     closed: str | None = None  # why, once closed
     agent: Future | None = None  # the in-process agent's task
     external: bool = False  # offered to agent+http: its calls need the actor's token
+    tools: dict = field(default_factory=dict)  # tool_prompt, tool_parser (envs/tool_calls.py)
 
 
 def one_line(exc: BaseException) -> str:
@@ -162,9 +150,12 @@ class Endpoint:
 
     # -- rollouts (called from environment slots) ----------------------------------------
 
-    def open(self, *, model: str, key_fn=None, task: dict | None = None) -> Rollout:
+    def open(
+        self, *, model: str, key_fn=None, task: dict | None = None, tools: dict | None = None
+    ) -> Rollout:
         token = secrets.token_hex(16)  # the URL is the only credential of a rollout not offered
         rollout = Rollout(token, model, f"{self.url}/r/{token}/v1", key_fn, task or {})
+        rollout.tools = tools or {}
         with self._lock:
             self._rollouts[token] = rollout
         return rollout
@@ -321,6 +312,7 @@ class Endpoint:
                 model=rollout.model,
                 turn=rollout.turns,
                 key_fn=rollout.key_fn,
+                **rollout.tools,
             )
         except RequestError as exc:
             return _error(exc.status, str(exc))
@@ -406,89 +398,6 @@ class Endpoint:
             )
         rollout.events.put(event)
         return JSONResponse({"ok": True})
-
-
-# -- what comes in ---------------------------------------------------------------------
-
-
-async def read_body(request, limit: int) -> bytes:
-    """The request's body, read as it arrives and refused (413) once past `limit` bytes: a
-    body that says it is bigger is not read at all, one that does not is read no further."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, _too_big(limit))
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, _too_big(limit))
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_big(limit: int) -> str:
-    return f"the request body is over {limit >> 10} KiB; accepted: at most {limit} bytes"
-
-
-def read_json(body: bytes, limit: int = MAX_CONTROL_BYTES) -> Any:
-    """`body` as JSON: a RequestError (one line) when it is too big (413), not JSON, or
-    nested deeper than MAX_JSON_DEPTH (400; the parser's own recursion limit included)."""
-    if len(body) > limit:  # an in-process agent's body is not read by `read_body`
-        raise RequestError(413, _too_big(limit))
-    deep = RequestError(
-        400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels; accepted: at most that"
-    )
-    try:
-        value = json.loads(body)
-    except RecursionError:
-        raise deep from None
-    except ValueError:
-        raise RequestError(400, "the request body is not JSON") from None
-    if _depth_over(value, MAX_JSON_DEPTH):
-        raise deep
-    return value
-
-
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether `value` nests lists and objects more than `limit` deep (walked without
-    recursion, so any depth the parser returned is measured)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = (
-            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        )
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
-
-
-def read_end(body: Any, turns: int) -> Ended | Failed:
-    """An agent+http `end`: `{"error": "why"}` (a non-empty string: the group is lost), or
-    the outcome an in-process agent returns, checked as `read_outcome` checks that (every
-    reward finite as float32). A RequestError (400, one line) otherwise."""
-    if not isinstance(body, dict):
-        raise RequestError(400, 'the end body is not a JSON object; accepted: {"reward": ...}')
-    error = body.get("error")
-    if error is not None:
-        if not isinstance(error, str) or not error.strip():
-            raise RequestError(
-                400, f"error={_short(error)} is not valid; accepted: a non-empty string, or none"
-            )
-        return Failed(f"the agent gave up: {error.strip().splitlines()[0][:300]}")
-    try:
-        read_outcome(body, max(turns, 1))  # no call yet: the environment says so itself
-    except AgentError as exc:
-        raise RequestError(400, str(exc).replace("agent returned", "end got", 1)) from None
-    return Ended(body)
-
-
-def _short(x: object) -> str:
-    text = repr(x)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _guarded(handler):

@@ -15,26 +15,32 @@ An agent's `chat.completions.create` call is one turn, one step (docs/environmen
   (actors/policies/prompt_ids.py);
 - **context**: a prompt past the policy's limits is never cut: the call is answered with
   OpenAI's 400 `context_length_exceeded` (`Call.context_error`) and records no step;
-- **reply**: the text as sampled; tool calls are read from the template's own rendering
-  (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, the Hermes/Qwen form).
+- **tools**: rendered by the chat template; on a template that renders none, refused
+  with a 400, or written as a Hermes tool block where the call's `tool_prompt` says so
+  (envs/tool_calls.py);
+- **reply budget**: the call's `max_tokens` / `max_completion_tokens` as OpenAI defines
+  them, bounded by the context and the actor's `sampling.max_reply_tokens` (default: the
+  model's context); a call that names none may reply up to that bound. The native
+  environments' `max_new_tokens` does not apply;
+- **reply**: the text as sampled; tool calls are read in the model family's own form
+  (Hermes/Qwen2.5, Qwen3-Coder XML, Llama 3 JSON, Mistral; envs/tool_calls.py).
 
 Nothing here imports a server or the `openai` package: requests are plain JSON objects.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gagpo.envs import bounded_json, tool_calls
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
 class RequestError(ValueError):
@@ -69,19 +75,59 @@ class Call:
     max_tokens: int | None
     logprobs: bool
     stop: tuple[str, ...] = ()  # OpenAI's `stop`: the reply ends where one of them appears
+    tool_prompt: str = "template"  # tools on a template without tools: refused, or "hermes"
+    tool_parser: str = "auto"  # the tool-call format; auto: from the chat template
+
+    def chat_for(self, tokenizer) -> tuple[tuple[dict, ...], tuple[dict, ...] | None]:
+        """The messages and tools the chat template is applied to: as sent, or with the
+        Hermes tool block where the template renders no tools and `tool_prompt` asks for
+        it; a RequestError (400) where it renders none and it does not."""
+        if not self.tools or not self.tool_block(tokenizer):
+            return self.messages, self.tools
+        if self.tool_prompt == "hermes":
+            return tool_calls.with_tool_block(self.messages, self.tools), None
+        raise RequestError(400, tool_calls.refusal_line(self.model), param="tools")
+
+    def tool_block(self, tokenizer) -> bool:
+        """Whether the call's tools need a block of their own (its template renders none)."""
+        return (
+            bool(self.tools)
+            and hasattr(tokenizer, "apply_chat_template")
+            and not tool_calls.renders_tools(tokenizer)
+        )
+
+    def reply_format(self, tokenizer) -> str:
+        """The tool-call format replies are read in: the `tool_parser` option, else Hermes
+        where the tools went in as a Hermes block, else the chat template's."""
+        if self.tool_parser != "auto":
+            return self.tool_parser
+        if self.tool_block(tokenizer):
+            return "hermes"
+        return tool_calls.template_format(tokenizer)
+
+    def reply_budget(self, prompt_tokens: int, policy) -> int:
+        """The most tokens the reply may have: the call's max_tokens, bounded by the
+        context left after the prompt and by `sampling.max_reply_tokens` (default: the
+        context). A stand-in policy without a context samples its `max_new_tokens`."""
+        sampling, context = policy.sampling, getattr(policy, "context", None)
+        if context is None:
+            cap = sampling.max_new_tokens
+        else:
+            ceiling = getattr(sampling, "max_reply_tokens", None) or context
+            cap = max(1, min(ceiling, context - prompt_tokens))
+        return min(cap, self.max_tokens) if self.max_tokens else cap
 
     def context_error(self, prompt_tokens: int, policy) -> RequestError | None:
         """OpenAI's 400 `context_length_exceeded` for a prompt of `prompt_tokens` past the
-        policy's limits: longer than `sampling.max_prompt_tokens`, or leaving the model's
-        context no room for the reply (`max_tokens` when asked, and never less than the
-        policy's `max_new_tokens`, which it may sample). None where it fits, or where the
-        policy says no context (a stand-in)."""
+        policy's limits: longer than `sampling.max_prompt_tokens` where set, or leaving the
+        model's context no room for the reply (`max_tokens` when asked, else one token).
+        None where it fits, or where the policy says no context (a stand-in)."""
         sampling, context = getattr(policy, "sampling", None), getattr(policy, "context", None)
-        limit = getattr(sampling, "max_prompt_tokens", None)
-        if context is None or limit is None:
+        if context is None:
             return None
-        reply = max(self.max_tokens or 0, sampling.max_new_tokens)
-        if prompt_tokens > limit:
+        limit = getattr(sampling, "max_prompt_tokens", None)
+        reply = self.max_tokens or 1
+        if limit is not None and prompt_tokens > limit:
             line = (
                 f"This endpoint's prompts are at most {limit} tokens (sampling.max_prompt_tokens). "
                 f"However, your messages resulted in {prompt_tokens} tokens. Please reduce the "
@@ -98,10 +144,14 @@ class Call:
             return None
         return RequestError(400, line, code="context_length_exceeded", param="messages")
 
-    def answered(self, completion: dict) -> dict:
+    def answered(self, completion: dict, tokenizer=None) -> dict:
         """The assistant message of `completion` as the next call's messages hold it when
-        the agent sends it back unchanged (read as `read_request` reads messages)."""
-        return _messages([completion["choices"][0]["message"]])[0]
+        the agent sends it back unchanged (read as `read_request` reads messages, and as
+        `chat_for` writes it for the template)."""
+        message = _messages([completion["choices"][0]["message"]])[0]
+        if self.tool_prompt == "hermes" and self.tool_block(tokenizer):
+            return tool_calls.as_text(message)
+        return message
 
     def fit(self, sample, policy):
         """The reply cut to the call's `max_tokens`, then after the token that completes one
@@ -130,22 +180,22 @@ class Call:
     def respond(self, prompt: list[int], sample, version: int, policy) -> dict:
         """The OpenAI chat completion answering this call with `sample`."""
         text, stopped = self._content(sample.text)
-        content, tool_calls = parse_reply(text, self.tools, self.turn)
         tokenizer = policy.tokenizer
-        cap = policy.sampling.max_new_tokens
-        if self.max_tokens is not None:
-            cap = min(cap, self.max_tokens)
+        content, calls = parse_reply(
+            text, self.tools, self.turn, self.reply_format(tokenizer), tokenizer
+        )
+        cap = self.reply_budget(len(prompt), policy)
         ended = sample.token_ids and sample.token_ids[-1] == tokenizer.eos_token_id
         finish = (
             "tool_calls"
-            if tool_calls
+            if calls
             else "length"
             if len(sample.token_ids) >= cap and not (ended or stopped)
             else "stop"
         )
         message: dict[str, Any] = {"role": "assistant", "content": content}
-        if tool_calls:
-            message["tool_calls"] = tool_calls
+        if calls:
+            message["tool_calls"] = calls
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
@@ -180,7 +230,13 @@ class Call:
 
 
 def read_request(
-    body: object, *, model: str, turn: int, key_fn: Callable[[list[dict]], str] | None = None
+    body: object,
+    *,
+    model: str,
+    turn: int,
+    key_fn: Callable[[list[dict]], str] | None = None,
+    tool_prompt: str = "template",
+    tool_parser: str = "auto",
 ) -> Call:
     """Check a chat completion request; a RequestError (4xx, one line) for what is not
     served. Unknown fields are ignored, as OpenAI does; temperature and top_p are checked
@@ -240,6 +296,8 @@ def read_request(
         max_tokens=max_tokens,
         logprobs=logprobs,
         stop=tuple(stop or ()),
+        tool_prompt=tool_prompt,
+        tool_parser=tool_parser,
     )
 
 
@@ -314,9 +372,19 @@ def _tool_calls(calls: object, where: str) -> list[dict]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise RequestError(400, f"{where}: each tool call needs function.name")
         arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            with contextlib.suppress(json.JSONDecodeError):  # else kept as the agent's text
-                arguments = json.loads(arguments) if arguments.strip() else {}
+        if isinstance(arguments, str) and not arguments.strip():
+            arguments = {}
+        elif isinstance(arguments, str):
+            try:  # bounded: a string the body's depth bound never saw (issue 46)
+                arguments = bounded_json.loads(arguments)
+            except bounded_json.TooDeep:
+                raise RequestError(
+                    400,
+                    f"{where}: a tool call's arguments nest deeper than "
+                    f"{bounded_json.MAX_JSON_DEPTH} levels; accepted: at most that",
+                ) from None
+            except ValueError:
+                pass  # not JSON: kept as the agent's text
         out.append(
             {
                 "id": call.get("id", ""),
@@ -365,33 +433,9 @@ def observation_key(messages: list[dict]) -> str:
 
 
 def parse_reply(
-    text: str, tools: tuple[dict, ...] | None, turn: int
+    text: str, tools: tuple[dict, ...] | None, turn: int, fmt: str = "hermes", tokenizer=None
 ) -> tuple[str | None, list[dict]]:
-    """The reply's content and tool calls. A `<tool_call>` block whose JSON names a tool of
-    the request is a tool call (ids `call_<turn>_<i>`: the same in every rollout, so they
-    never split a state); anything else stays in the content."""
-    declared = {t["function"]["name"] for t in tools or ()}
-    calls, kept, last = [], [], 0
-    for match in _TOOL_CALL.finditer(text) if declared else ():
-        try:
-            parsed = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(parsed, dict) or parsed.get("name") not in declared:
-            continue
-        arguments = parsed.get("arguments", parsed.get("parameters", {}))
-        calls.append(
-            {
-                "id": f"call_{turn}_{len(calls)}",
-                "type": "function",
-                "function": {
-                    "name": parsed["name"],
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                },
-            }
-        )
-        kept.append(text[last : match.start()])
-        last = match.end()
-    kept.append(text[last:])
-    content = "".join(kept).strip() if calls else text
-    return (content or None) if calls else content, calls
+    """The reply's content and tool calls, read in format `fmt` (envs/tool_calls.py): a
+    call of a tool the request declares is a tool call (ids `call_<turn>_<i>`: the same in
+    every rollout, so they never split a state); anything else stays in the content."""
+    return tool_calls.parse(text, fmt, tools, turn, tokenizer)

@@ -37,7 +37,11 @@ MAZE = "agent:tests.helpers.agents:maze"
 
 
 def agent_config(store: Path, env: str = MAZE, **overrides) -> ActorConfig:
-    base = {"group_size": G, "sampling": {"max_new_tokens": 3}}
+    """G rollouts a task, replies of at most 3 tokens (the agents here name no max_tokens),
+    and the maze's tools as a Hermes block: tiny's chat template renders no tools."""
+    options = {"tool_prompt": "hermes"} if env.startswith("agent") else {}
+    base = {"group_size": G, "sampling": {"max_new_tokens": 3, "max_reply_tokens": 3}}
+    overrides["env_options"] = options | overrides.get("env_options", {})
     return actor_config(store, env, **(base | overrides))
 
 
@@ -343,7 +347,7 @@ class _ToolCaller:
     def __getattr__(self, name):
         return getattr(self._policy, name)
 
-    def generate(self, prompts, *, seed=None):
+    def generate(self, prompts, *, seed=None, max_tokens=None):
         return [Sample(self.REPLY, list(self.ids), [-0.5] * len(self.ids)) for _ in prompts]
 
 

@@ -127,7 +127,9 @@ def test_an_edited_history_or_changed_tools_is_rendered_afresh(chat_policy):
 
 
 def corridor_config(store: Path, **overrides):
-    base = dict(group_size=2, groups=1, max_turns=24, sampling={"max_new_tokens": 3})
+    base = dict(
+        group_size=2, groups=1, max_turns=24, sampling={"max_new_tokens": 3, "max_reply_tokens": 3}
+    )
     return actor_config(store, CORRIDOR, **(base | overrides))
 
 

@@ -16,12 +16,20 @@ from typing import Protocol, runtime_checkable
 from gagpo.actors.config import SamplingConfig
 from gagpo.schemas.seeds import derive_seed
 
-__all__ = ["PolicyBackend", "Sample", "SamplingConfig", "request_seed"]
+__all__ = ["PolicyBackend", "Sample", "SamplingConfig", "prompt_budget", "request_seed"]
 
 
 def request_seed(seed: int, index: int) -> int:
     """A distinct, reproducible seed for prompt `index` of a call (or turn) seeded with `seed`."""
     return derive_seed(seed, index)
+
+
+def prompt_budget(sampling: SamplingConfig, context: int) -> int:
+    """The longest native prompt: `max_prompt_tokens` where set, and never more than the
+    model's context less the native reply budget `max_new_tokens` (its default)."""
+    room = context - sampling.max_new_tokens
+    asked = sampling.max_prompt_tokens
+    return max(1, room if asked is None else min(asked, room))
 
 
 @dataclass(frozen=True)
@@ -48,11 +56,14 @@ class PolicyBackend(Protocol):
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Chat template + generation prompt, whole. Backends with a model also say
-        `context` (tokens the model attends to) and `prompt_budget` (the longest prompt
-        that leaves room for a reply: min(max_prompt_tokens, context − max_new_tokens));
-        the rollout loop keeps prompts within it (actors/rollout.py)."""
+        `context` (tokens the model attends to) and `prompt_budget` (`prompt_budget`
+        above); the rollout loop keeps native prompts within it (actors/rollout.py)."""
         ...
 
-    def generate(self, prompts: list[list[int]], *, seed: int | None = None) -> list[Sample]:
-        """One sample per prompt, in order, sampled in batches; deterministic given `seed`."""
+    def generate(
+        self, prompts: list[list[int]], *, seed: int | None = None, max_tokens=None
+    ) -> list[Sample]:
+        """One sample per prompt, in order, sampled in batches; deterministic given `seed`.
+        `max_tokens`: each prompt's reply budget (None: `sampling.max_new_tokens`), passed
+        only for agents' calls, whose budgets are their own (envs/openai_chat.py)."""
         ...

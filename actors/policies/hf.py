@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from gagpo.actors.policies.base import Sample, SamplingConfig
+from gagpo.actors.policies.base import Sample, SamplingConfig, prompt_budget
 from gagpo.actors.policies.folders import (
     chat_prompt_ids,
     check_model_dir,
@@ -112,9 +112,7 @@ class HFPolicy:
         self.pad_id = pad if pad is not None else self.eos_ids[0]
         # The model's context; a prompt and its reply must fit in it (actors/rollout.py).
         self.context = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
-        self.prompt_budget = max(
-            1, min(self.sampling.max_prompt_tokens, self.context - self.sampling.max_new_tokens)
-        )
+        self.prompt_budget = prompt_budget(self.sampling, self.context)
         self._newline, self._visible = self._token_classes()
 
     # -- setup -------------------------------------------------------------------------
@@ -157,10 +155,15 @@ class HFPolicy:
         return chat_prompt_ids(self.tokenizer, messages, tools)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], *, seed: int | None = None) -> list[Sample]:
-        """One sample per prompt, in input order; prompts of similar length share a batch."""
+    def generate(
+        self, prompts: list[list[int]], *, seed: int | None = None, max_tokens=None
+    ) -> list[Sample]:
+        """One sample per prompt, in input order; prompts of similar length share a batch.
+        `max_tokens`: each prompt's reply budget (None: `sampling.max_new_tokens`)."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        default = self.sampling.max_new_tokens
+        budgets = [default if b is None else b for b in (max_tokens or [None] * len(prompts))]
         generator = torch.Generator(device=self.device)
         if seed is None:
             generator.seed()
@@ -171,8 +174,11 @@ class HFPolicy:
         size = self.sampling.batch_size
         for start in range(0, len(order), size):
             rows = order[start : start + size]
+            batch = [prompts[i] for i in rows]
             for row, sample in zip(
-                rows, self._generate_batch([prompts[i] for i in rows], generator), strict=True
+                rows,
+                self._generate_batch(batch, [budgets[i] for i in rows], generator),
+                strict=True,
             ):
                 samples[row] = sample
         return samples  # type: ignore[return-value]
@@ -234,25 +240,29 @@ class HFPolicy:
         logits, past = self._forward(input_ids, attention_mask, position_ids, past)
         return logits, past, attention_mask, position_ids[:, -1:] + 1
 
-    def _generate_batch(self, batch: list[list[int]], generator: torch.Generator) -> list[Sample]:
+    def _generate_batch(
+        self, batch: list[list[int]], budgets: list[int], generator: torch.Generator
+    ) -> list[Sample]:
+        """Sample each row until EOS, its budget or (native replies) its line's end."""
         rows = len(batch)
         eos = torch.tensor(self.eos_ids, device=self.device)
+        limit = torch.tensor(budgets, device=self.device)
         logits, past, attention_mask, next_position = self._prefill(batch)  # [B, V] … [B, 1]
         finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
         started = torch.zeros(rows, dtype=torch.bool, device=self.device)
         tokens, logprobs, alive = [], [], []
-        for step in range(self.sampling.max_new_tokens):
+        for step in range(max(budgets)):
             tempered = torch.log_softmax(logits / self.sampling.temperature, dim=-1)  # [B, V]
             token = self._pick(tempered, generator)  # [B]
             tokens.append(token)
             logprobs.append(tempered.gather(-1, token[:, None]).squeeze(-1))
             alive.append(~finished)
             started |= self._visible[token]
-            stop = torch.isin(token, eos)
+            stop = torch.isin(token, eos) | (limit <= step + 1)
             if self.stop_at_newline:
                 stop |= self._newline[token] & started
             finished |= stop
-            if step + 1 == self.sampling.max_new_tokens or bool(finished.all()):
+            if bool(finished.all()):
                 break
             token = token.masked_fill(finished, self.pad_id)  # finished rows idle on padding
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=-1)

@@ -51,7 +51,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gagpo.actors.policies.base import Sample, SamplingConfig, request_seed
+from gagpo.actors.policies.base import Sample, SamplingConfig, prompt_budget, request_seed
 from gagpo.actors.policies.folders import chat_prompt_ids, check_model_dir, load_chat_tokenizer
 from gagpo.schemas.errors import GagpoError
 
@@ -222,9 +222,7 @@ class VLLMPolicy:
             getattr(self.engine, "llm_engine", None), "model_config", None
         )
         self.context = getattr(engine_config, "max_model_len", None) or s.max_model_len or 1 << 30
-        self.prompt_budget = max(
-            1, min(self.sampling.max_prompt_tokens, self.context - self.sampling.max_new_tokens)
-        )
+        self.prompt_budget = prompt_budget(self.sampling, self.context)
 
     # -- interface ---------------------------------------------------------------------
 
@@ -233,12 +231,16 @@ class VLLMPolicy:
         backend; never cut: see `prompt_budget`)."""
         return chat_prompt_ids(self.tokenizer, messages, tools)
 
-    def generate(self, prompts: list[list[int]], *, seed: int | None = None) -> list[Sample]:
-        """One sample per prompt, in input order, all in one engine call."""
+    def generate(
+        self, prompts: list[list[int]], *, seed: int | None = None, max_tokens=None
+    ) -> list[Sample]:
+        """One sample per prompt, in input order, all in one engine call; `max_tokens`:
+        each prompt's reply budget (None: `sampling.max_new_tokens`)."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        budgets = max_tokens or [None] * len(prompts)
         params = [
-            self._params(None if seed is None else request_seed(seed, i))
+            self._params(None if seed is None else request_seed(seed, i), budgets[i])
             for i in range(len(prompts))
         ]
         outputs = self.engine.generate(
@@ -254,12 +256,16 @@ class VLLMPolicy:
     # request the moment their environment step returns, and each `poll` runs one engine
     # step over everything queued (vLLM's scheduler batches it, continuously).
 
-    def submit(self, key: str, prompt: list[int], *, seed: int | None) -> None:
-        """Queue one reply for `prompt`, sampled with `seed`; `poll` hands it back by `key`."""
+    def submit(
+        self, key: str, prompt: list[int], *, seed: int | None, max_tokens: int | None = None
+    ) -> None:
+        """Queue one reply for `prompt`, sampled with `seed`, of at most `max_tokens` (None:
+        `sampling.max_new_tokens`); `poll` hands it back by `key`."""
         if not prompt:
             raise ValueError("every prompt needs at least one token")
+        params = self._params(seed, max_tokens)
         internal = self.engine.llm_engine.add_request(
-            key, {"prompt_token_ids": list(prompt)}, self._params(seed), lora_request=self._lora
+            key, {"prompt_token_ids": list(prompt)}, params, lora_request=self._lora
         )
         # vLLM may suffix the id internally; outputs carry one or the other, by version.
         self._keys[str(internal)] = key
@@ -317,13 +323,13 @@ class VLLMPolicy:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _params(self, seed: int | None):
+    def _params(self, seed: int | None, max_tokens: int | None = None):
         s = self.sampling
         return self._vllm.SamplingParams(
             n=1,
             temperature=s.temperature,
             top_p=1.0,
-            max_tokens=s.max_new_tokens,
+            max_tokens=s.max_new_tokens if max_tokens is None else max_tokens,
             seed=seed,
             logprobs=0,  # the sampled token's log-prob only
             stop=list(self.stop),
