@@ -84,7 +84,8 @@ def renders_tools(tokenizer) -> bool:
 def refusal_line(model: str) -> str:
     """The 400 of a call with tools on a template that renders none."""
     return (
-        f"the chat template of {model} renders no tools: the call's tools would never reach "
+        f"the chat template of the policy serving {model!r} renders no tools: the call's "
+        "tools would never reach "
         'the model; accepted: the agent environment\'s option tool_prompt = "hermes" (a '
         "system-prompt tool block in the Hermes form, recorded in prompt_ids), or a policy "
         "whose chat template renders tools"
