@@ -1,31 +1,11 @@
-"""One lineage across restarts: every published version's lineage record, and the training
-state saved every `state_every` updates, off the learner's critical path.
+"""One lineage across restarts: every published version's lineage record, and `--resume`
+from the training state that learner/state.py saves every `state_every` updates.
 
 Each update publishes the next version (docs/design.md §7: versions rise by one per
 update, each the child of the one before, and no version actors may have loaded is
-discarded). Every `state_every` updates (and at the end of a run) the learner also saves
-its training state:
+discarded):
 
-    learner/checkpoints/v<N>/  trainer.pt        optimiser, scheduler, RNG states (tensors and
-                                                 plain types only: loaded with weights_only=True)
-                               optimizer-0000r-of-0000W.pt   under FSDP, instead of trainer.pt's
-                                                 optimiser: rank r - 1's shard of the moments,
-                                                 written by that rank (`.rank-<r>` once in)
-                               ledger.parquet    the ledger's tail as it stood after this update
-                                                 (rows of compacted groups are in archive/ledger/)
-                               state.json        update, version, lineage ids (see below)
-                               trainable.safetensors   only when the published weights are not
-                                                 the trained parameters (LoRA: the adapters)
-                               .complete         written last: the state is whole
     policy/v<N>/lineage.json   {"version", "parent", "update", "id", "parent_id"}
-
-The state costs the optimiser (twice the trained parameters with AdamW) and the ledger,
-never a second copy of the model. It is written asynchronously (`StateWriter`): the
-critical path copies it to CPU and hands the copy to a thread, which writes the files and
-then `.complete`, while the next update runs; at most one state is in flight. A kill
-mid-write leaves a folder without its marker, and the previous state stays in force.
-LoRA runs save theirs with every version, synchronously: the adapters cannot be taken
-back out of merged weights, and they are small.
 
 `--resume` starts from the version LATEST names (docs/design.md, "One lineage"): its own
 published weights; the optimiser of the newest complete state at or before it (its
@@ -34,338 +14,59 @@ when it is LATEST's, as in stores written before states were periodic); the sche
 advanced to LATEST's step; the ledger as it stood after LATEST's update. Groups of
 published updates stay consumed, those of a killed, unpublished update are trained
 again, and the next version is LATEST + 1. Every version gets a random `id` and records
-its parent's, so a checker can verify the chain (`check_lineage`).
+its parent's, so a checker can verify the chain (`check_lineage`). A state sharded by
+FSDP resumes on the same number of ranks, each reading (on an object store: fetching)
+its own file alone; a whole state (written unsharded, or by FSDP before states were
+sharded) resumes under either mode.
 
-Folders are written with the protocol of `publish.py` (files, then `.complete`), and a
-version's state, when due, is handed over before its policy folder is written. Under
-FSDP nothing is gathered: each rank copies its own shard of the optimiser state (keyed by
-parameter name) and its thread writes it to its own file, then `.rank-<r>`; rank 0 writes
-the rest, waits for every rank's marker, and only then commits `.complete` (as sharded
-publication does). Such a state resumes on the same number of FSDP ranks, each reading
-its own file; a whole state (written unsharded, or by FSDP before states were sharded)
-resumes under either mode.
+A state is data the store holds: every file of it is read as the store's own (no link,
+under the root) and checked before use. A torn or hostile one (an empty trainer.pt, a
+pickle, a record of the wrong shape, tensors of another model) is one line naming the
+file (`TornState`); trainer.pt is loaded with weights_only=True, never otherwise.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
-import os
-import random
+import pickle
 import tempfile
-import time
-import uuid
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from gagpo.learner.dist import (
     is_sharded,
     load_full_state,
     load_local_optimizer_state,
-    local_optimizer_state,
     rank_and_world,
     tied_weights,
 )
-from gagpo.learner.faults import fault_point
 from gagpo.learner.feed import Ledger
-from gagpo.learner.lease import acquire, check_lease
-from gagpo.learner.publish import (
-    Background,
-    await_ranks,
-    commit_marker,
-    folder_bytes,
-    is_complete,
-    put_folder,
-    rank_done,
-    remove_folder,
-    upload_files,
+from gagpo.learner.lease import acquire
+from gagpo.learner.publish import is_complete, remove_folder
+from gagpo.learner.state import (  # noqa: F401  (the training state's names, as before the split)
+    Head,
+    OptimizerShard,
+    StateSnapshot,
+    StateWriter,
+    _trains_everything,
+    checkpoint_dir,
+    newest_state,
+    optimizer_shard_name,
+    prune_states,
+    rekey_optimizer_state,
+    save_state,
+    set_rng_state,
+    snapshot_state,
+    state_versions,
+    write_state,
 )
 from gagpo.schemas import layout
-from gagpo.schemas.errors import GagpoError, StoreFullError
-from gagpo.schemas.layout import STATE_LEDGER, STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
+from gagpo.schemas.errors import GagpoError, first_line
+from gagpo.schemas.layout import STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
 from gagpo.storage.store import Store
-
-
-def checkpoint_dir(store: Store, version: int) -> str:
-    """The training state of published version `version`."""
-    return layout.checkpoint_dir(store.root, version)
-
-
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@dataclass(frozen=True)
-class Head:
-    """The newest version of the lineage: what the next update starts from."""
-
-    update: int  # updates done (across restarts)
-    version: int
-    id: str | None  # lineage id of that version; None for a base policy without a record
-
-    def child(self, update: int) -> Head:
-        return Head(update, self.version + 1, uuid.uuid4().hex)
-
-    def record(self, parent: Head) -> dict:
-        return {
-            "version": self.version,
-            "parent": parent.version,
-            "update": self.update,
-            "id": self.id,
-            "parent_id": parent.id,
-            "published_at": time.time(),
-        }
-
-
-def _trains_everything(model) -> bool:
-    return all(p.requires_grad for p in model.parameters())
-
-
-# --- saving: every `state_every` updates --------------------------------------------
-@dataclass(frozen=True)
-class OptimizerShard:
-    """One FSDP rank's part of a training state: its shard of the optimiser's moments."""
-
-    rank: int
-    world: int
-    state: dict  # keyed by parameter name, local CPU tensors
-
-
-def optimizer_shard_name(rank: int, world: int) -> str:
-    return f"optimizer-{rank + 1:05d}-of-{world:05d}.pt"
-
-
-@dataclass
-class StateSnapshot:
-    """A training state taken on the critical path, to be written by `write_state`. Under
-    FSDP every rank has one with its `shard`; rank 0's alone has the rest (others: None)."""
-
-    version: int
-    trainer: dict | None  # optimiser (unsharded), scheduler, RNG
-    trained: dict[str, torch.Tensor] | None  # the adapters, when the published weights are merged
-    ledger: pa.Table | None
-    record: dict
-    shard: OptimizerShard | None = None
-
-
-def snapshot_state(
-    store: Store,
-    version: int,
-    record: dict,
-    model,
-    optimizer,
-    scheduler,
-    ledger: Ledger | None,
-    *,
-    main: bool = True,
-    copy_tensors: bool = True,
-) -> StateSnapshot | None:
-    """The training state of `version` (its lineage `record`), detached from the live
-    optimiser when `copy_tensors` (the next step changes its tensors in place while a
-    thread writes the copy). Sharded, every rank calls this and gets its own shard of the
-    optimiser state (a CPU copy: nothing gathered); otherwise only `main` (with the
-    ledger) gets a snapshot."""
-    shard = _take_shard(store, version, model, optimizer, main) if is_sharded(model) else None
-    if not main:
-        return StateSnapshot(version, None, None, None, record, shard) if shard else None
-    check_lease(store)  # a learner that lost the store's lease stops before publishing
-    optimizer_state = None
-    if shard is not None:  # the moments are in the ranks' files; the groups for the record
-        optimizer_state = {"param_groups": shard.state["param_groups"], "shards": shard.world}
-    elif copy_tensors:
-        optimizer_state = _cpu_copy(optimizer.state_dict())
-    else:
-        optimizer_state = optimizer.state_dict()
-    trained = None
-    if not _trains_everything(model):  # the published weights are merged: keep the adapters
-        trained = {
-            n: p.detach().to("cpu", copy=True).contiguous()
-            for n, p in model.named_parameters()
-            if p.requires_grad
-        }
-    trainer = {
-        "optimizer": optimizer_state,
-        "scheduler": copy.deepcopy(scheduler.state_dict()),
-        "rng": rng_state(),
-    }
-    return StateSnapshot(version, trainer, trained, ledger.tail_table(), record, shard)
-
-
-def _take_shard(store: Store, version: int, model, optimizer, main: bool) -> OptimizerShard:
-    """This rank's shard of the optimiser state, keyed by name; a collective: the main rank
-    first removes an earlier attempt's folder, before any rank writes into it."""
-    rank, world = rank_and_world()
-    names = [n for n, p in model.named_parameters() if p.requires_grad]  # optimiser order
-    state = rekey_optimizer_state(local_optimizer_state(optimizer), names, by_name=True)
-    if main:
-        remove_folder(store, checkpoint_dir(store, version))
-    if world > 1:
-        torch.distributed.barrier()
-    return OptimizerShard(rank, world, state)
-
-
-def _cpu_copy(value):
-    """`value` (nested dicts, lists, tuples) with every tensor copied to CPU memory."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _cpu_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_cpu_copy(v) for v in value)
-    return value
-
-
-def write_state(store: Store, snapshot: StateSnapshot) -> int:
-    """Write `snapshot` to learner/checkpoints/v<N>/, `.complete` last; return its bytes
-    (sharded: this rank's file, and on rank 0 the whole state's)."""
-    if snapshot.shard is not None:
-        return _write_sharded_state(store, snapshot)
-    with tempfile.TemporaryDirectory(prefix="gagpo-state-") as tmp:
-        folder = Path(tmp)
-        if snapshot.trained is not None:
-            save_file(snapshot.trained, str(folder / STATE_TRAINABLE))
-        torch.save(snapshot.trainer, folder / STATE_TRAINER)
-        pq.write_table(snapshot.ledger, folder / STATE_LEDGER)
-        (folder / STATE_RECORD).write_text(json.dumps(snapshot.record))
-        written = folder_bytes(folder)
-        put_folder(store, folder, checkpoint_dir(store, snapshot.version), phase="checkpoint")
-    return written
-
-
-def _write_sharded_state(store: Store, snapshot: StateSnapshot) -> int:
-    """FSDP: this rank's optimiser file, uploaded in parallel with the other ranks'. A rank
-    other than 0 then commits `.rank-<r>` (its bytes); rank 0 writes the trainer (no
-    moments), ledger and record, waits for every rank's marker, then commits `.complete`:
-    a state missing any rank's file is never complete."""
-    shard, remote = snapshot.shard, checkpoint_dir(store, snapshot.version)
-    with tempfile.TemporaryDirectory(prefix="gagpo-state-") as tmp:
-        folder = Path(tmp)
-        torch.save(shard.state, folder / optimizer_shard_name(shard.rank, shard.world))
-        if shard.rank != 0:
-            upload_files(store, folder, remote)
-            written = folder_bytes(folder)
-            store.commit_bytes(rank_done(remote, shard.rank), json.dumps(written).encode())
-            return written
-        torch.save(snapshot.trainer, folder / STATE_TRAINER)
-        pq.write_table(snapshot.ledger, folder / STATE_LEDGER)
-        (folder / STATE_RECORD).write_text(json.dumps(snapshot.record))
-        files = {
-            *os.listdir(folder),
-            *(optimizer_shard_name(r, shard.world) for r in range(shard.world)),
-        }
-        try:
-            upload_files(store, folder, remote)
-            await_ranks(store, remote, shard.world)
-            fault_point("checkpoint")
-            commit_marker(store, remote, sorted(files))
-        except StoreFullError:
-            store.remove(remote, recursive=True)
-            raise
-        others = sum(
-            json.loads(store.read_bytes(rank_done(remote, r))) for r in range(1, shard.world)
-        )
-        return folder_bytes(folder) + others
-
-
-def save_state(
-    store: Store,
-    parent: Head,
-    child: Head,
-    model,
-    optimizer,
-    scheduler,
-    ledger: Ledger | None,
-    *,
-    main: bool = True,
-) -> int:
-    """Write the training state of `child` at once, on the caller's time (no copy);
-    return its bytes. Sharded, a collective: every rank calls this, `main` writes."""
-    record = child.record(parent)
-    snapshot = snapshot_state(
-        store,
-        child.version,
-        record,
-        model,
-        optimizer,
-        scheduler,
-        ledger,
-        main=main,
-        copy_tensors=False,
-    )
-    return write_state(store, snapshot) if snapshot is not None else 0
-
-
-class StateWriter(Background):
-    """Writes training states one at a time (`Background`): in a thread (`asynchronous`)
-    or at once. Each finished state then prunes to the newest `keep` (`prune`: the main
-    rank's writer; under FSDP every rank has one, for its own file)."""
-
-    def __init__(
-        self, store: Store, keep: int, *, asynchronous: bool = True, prune: bool = True
-    ) -> None:
-        super().__init__(asynchronous=asynchronous)
-        self.store, self.keep, self.prune = store, keep, prune
-
-    def save(self, snapshot: StateSnapshot) -> None:
-        self.run(
-            functools.partial(self._write, snapshot),
-            name=f"gagpo-state-v{snapshot.version}",
-            update=snapshot.record.get("update"),
-        )
-
-    def _write(self, snapshot: StateSnapshot) -> int:
-        written = write_state(self.store, snapshot)
-        if self.prune:
-            prune_states(self.store, self.keep)
-        return written
-
-
-def state_versions(store: Store) -> list[int]:
-    """Versions with a training-state folder, complete or not, ascending."""
-    versions = []
-    for path in store.glob(layout.checkpoint_dir(store.root, "*")):
-        if (version := layout.parse_checkpoint_dir(path)) is not None:
-            versions.append(version)
-    return sorted(versions)
-
-
-def prune_states(store: Store, keep: int) -> None:
-    """Keep the newest `keep` complete states up to LATEST, and any newer one (in flight);
-    a folder without its marker at or below LATEST is a killed write: removed. Called
-    when no state is being written (by the writer after its write, by the learner at the
-    end of a run)."""
-    latest = store.policies.latest() or 0
-    versions = state_versions(store)
-    complete = [v for v in versions if v <= latest and is_complete(store, checkpoint_dir(store, v))]
-    kept = set(complete[-keep:]) | {v for v in versions if v > latest}
-    for v in versions:
-        if v not in kept:
-            remove_folder(store, checkpoint_dir(store, v))
-
-
-def newest_state(store: Store, version: int) -> int | None:
-    """The newest version at or below `version` with a complete training state."""
-    for v in reversed(state_versions(store)):
-        if v <= version and is_complete(store, checkpoint_dir(store, v)):
-            return v
-    return None
 
 
 # --- starting: fresh or --resume -----------------------------------------------------
@@ -387,11 +88,48 @@ def _own_id(record: dict, version: int) -> str | None:
 
 
 def read_lineage(store: Store, version: int) -> dict:
+    """Version `version`'s lineage record ({} when it has none); one that is no record of
+    ours is one line (`TornState`)."""
     path = layout.lineage(store.root, version)
     try:
-        return json.loads(store.read_bytes(path))
+        data = store.read_bytes(path)
     except FileNotFoundError:
         return {}
+    return _record(data, path, {"version": int, "update": int, "id": str | None})
+
+
+class TornState(GagpoError):
+    """A training state or lineage record that --resume cannot continue from: one line
+    naming its file, what is wrong with it, and what is accepted."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            f"{path} {why}; refused: accepted is a training state as gagpo-learner writes it "
+            "(remove that state's folder to resume from an older state, or from LATEST's "
+            "weights with a fresh optimiser)"
+        )
+
+
+RECORD_MAX_BYTES = 1 << 20  # state.json and lineage.json are a few hundred bytes
+
+
+def _record(data: bytes, path: str, fields: dict) -> dict:
+    """A JSON record (state.json, lineage.json) whose `fields` have their types."""
+    if len(data) > RECORD_MAX_BYTES:
+        raise TornState(path, f"holds {len(data)} bytes, more than a record's {RECORD_MAX_BYTES}")
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        raise TornState(path, "is no JSON (empty, or cut short)") from None
+    if not isinstance(record, dict):
+        raise TornState(path, "is no JSON object")
+    for name, kind in fields.items():
+        value = record.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TornState(path, f"has no {name!r} of type {getattr(kind, '__name__', kind)}")
+        if isinstance(value, int) and value < 0:
+            raise TornState(path, f"has a negative {name!r}")
+    return record
 
 
 def start(
@@ -421,7 +159,7 @@ def start(
 def _start(
     store: Store, resume: bool, model, optimizer, scheduler, main: bool, steps_per_update, say
 ) -> tuple[Head, Ledger]:
-    latest = store.policies.latest() or 0
+    latest = store.policies.latest(complete=resume) or 0
     if not resume:  # checked by the main rank alone: it may already have announced itself
         if main and has_learner_state(store):
             raise GagpoError(
@@ -460,6 +198,8 @@ def _restore(
             "(or a new store)"
         )
     head = Head(published["update"], version, published["id"])
+    if head.id is None:
+        raise TornState(layout.lineage(store.root, version), "has no lineage id")
     found = newest_state(store, version)
     with tempfile.TemporaryDirectory(prefix="gagpo-resume-") as cache:
         state, trained, trainer = _read_state(store, found, head, cache)
@@ -471,7 +211,10 @@ def _restore(
             )
         weights = trained if trained is not None else _published_weights(store, version, cache)
         where = checkpoint_dir(store, found) if found is not None else store.policies.dir(version)
-        restore(model, optimizer, scheduler, weights, trainer, where=where)
+        try:
+            restore(model, optimizer, scheduler, weights, trainer, where=where)
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise TornState(where, f"does not fit this model and optimiser ({_why(exc)})") from None
     behind = head.update - (state["update"] if state else 0)  # updates since the state
     advance_scheduler(scheduler, behind * steps_per_update)
     # the archive holds the compacted rows; those of a killed later update are dropped
@@ -494,35 +237,121 @@ def _restore(
 def _read_state(store: Store, found: int | None, head: Head, cache: str):
     """(record, adapters or None, trainer dict or None) of state `found`, checked against
     the lineage: its id is that of the published version it names (when still kept), and
-    its update is LATEST's minus the versions between them."""
+    its update is LATEST's minus the versions between them. Only the files this rank needs
+    are read (`StateFiles`): sharded, its own shard of the optimiser."""
     if found is None:
         return None, None, None
-    remote = checkpoint_dir(store, found)
-    folder = remote
-    if not store.is_local:
-        folder = str(Path(cache) / f"state-v{found}")
-        store.download(remote, folder)
-    folder = Path(folder)
-    state = json.loads((folder / STATE_RECORD).read_text())
+    files = StateFiles(store, checkpoint_dir(store, found), cache)
+    state = _record(files.read(STATE_RECORD), files.shown(STATE_RECORD), STATE_FIELDS)
     published = read_lineage(store, found) if found in store.policies.stored() else state
     expected_update = head.update - (head.version - found)
     if published.get("id") != state["id"] or state["update"] != expected_update:
         raise GagpoError(
             f"policy v{found} (lineage id {published.get('id')}) is not the version whose "
-            f"state is in {remote} (id {state['id']}, update {state['update']}); the store "
-            "was altered"
+            f"state is in {files.remote} (id {state['id']}, update {state['update']}); the "
+            "store was altered"
         )
     trained = None
-    if found == head.version and (folder / STATE_TRAINABLE).exists():
-        trained = load_file(str(folder / STATE_TRAINABLE))
-    trainer = torch.load(folder / STATE_TRAINER, weights_only=True)
+    if found == head.version and files.exists(STATE_TRAINABLE):
+        trained = files.tensors(STATE_TRAINABLE)
+    trainer = files.torch(STATE_TRAINER)
+    _check_trainer(trainer, files.shown(STATE_TRAINER))
     if "shards" in trainer["optimizer"]:  # FSDP's: this rank's own file holds its moments
-        trainer["optimizer"] = _read_shard(folder, trainer["optimizer"]["shards"], remote)
+        trainer["optimizer"] = _read_shard(files, trainer["optimizer"]["shards"], files.remote)
     return state, trained, trainer
 
 
-def _read_shard(folder: Path, world: int, remote: str) -> dict:
-    """This rank's shard of a sharded optimiser state (marked "local" for `restore`)."""
+STATE_FIELDS = {"version": int, "update": int, "id": str}
+
+
+def _check_trainer(trainer: object, shown: str) -> None:
+    """trainer.pt holds what `snapshot_state` writes: an optimiser state (whole, or the
+    record of a sharded one), the scheduler's and the RNG's."""
+    if not isinstance(trainer, dict):
+        raise TornState(shown, "holds no dict of optimiser, scheduler and RNG states")
+    optimizer, rng = trainer.get("optimizer"), trainer.get("rng")
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("param_groups"), list):
+        raise TornState(shown, "holds no optimiser state with its parameter groups")
+    shards = optimizer.get("shards")
+    if shards is None and not isinstance(optimizer.get("state"), dict):
+        raise TornState(shown, "holds no optimiser moments")
+    if shards is not None and not (isinstance(shards, int) and 0 < shards <= 1 << 16):
+        raise TornState(shown, f"names {str(shards)[:20]} optimiser shards")
+    if not isinstance(trainer.get("scheduler"), dict):
+        raise TornState(shown, "holds no scheduler state")
+    if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor):
+        raise TornState(shown, "holds no RNG state")
+
+
+class StateFiles:
+    """The files of the training state in the store's folder `remote`, each read as the
+    store's own: on a local store in place, once `Store.confine` let it through (under the
+    root, no link: neither the folder nor the file); on an object store fetched alone into
+    `cache` when first read, so a rank fetches its own shard and no other rank's."""
+
+    def __init__(self, store: Store, remote: str, cache: str) -> None:
+        self.store, self.remote = store, remote
+        self.cache = Path(cache) / f"state-{Path(remote).name}"
+        self.fetched: list[str] = []
+
+    def shown(self, name: str) -> str:
+        return layout.join(self.remote, name)
+
+    def exists(self, name: str) -> bool:
+        return self.store.exists(self.shown(name))
+
+    def local(self, name: str) -> Path:
+        path = self.shown(name)
+        if self.store.is_local:
+            self.store.confine([path], "reading a training state")
+            if not self.store.exists(path):
+                raise TornState(path, "is missing")
+            return Path(path)
+        dest = self.cache / name
+        if name not in self.fetched:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.store.retrying(
+                    f"downloading {path}", lambda: self.store.fs.get_file(path, str(dest))
+                )
+            except FileNotFoundError:
+                raise TornState(path, "is missing") from None
+            self.fetched.append(name)
+        return dest
+
+    def read(self, name: str) -> bytes:
+        with open(self.local(name), "rb") as handle:
+            return handle.read(RECORD_MAX_BYTES + 1)
+
+    def torch(self, name: str):
+        """A torch file, loaded with weights_only=True (tensors and plain types only)."""
+        path = self.local(name)
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception as exc:  # EOFError, UnpicklingError, a torn zip: all one line
+            raise TornState(self.shown(name), f"cannot be loaded ({_why(exc)})") from None
+
+    def tensors(self, name: str) -> dict[str, torch.Tensor]:
+        path = self.local(name)
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # safetensors' own errors: a torn header, a short file
+            raise TornState(self.shown(name), f"cannot be loaded ({_why(exc)})") from None
+
+
+def _why(exc: BaseException) -> str:
+    """What is wrong, in a few words: never torch's advice to load with weights_only=False
+    (a state holding more than tensors and plain types is refused, never unpickled)."""
+    if isinstance(exc, EOFError):
+        return "empty, or cut short"
+    if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+        return "it holds objects other than tensors and plain types, never unpickled here"
+    return f"{type(exc).__name__}: {first_line(exc, 160)}"
+
+
+def _read_shard(files: StateFiles, world: int, remote: str) -> dict:
+    """This rank's shard of a sharded optimiser state (marked "local" for `restore`); the
+    world size is checked before any file is read."""
     rank, running = rank_and_world()
     if running != world:
         raise GagpoError(
@@ -530,7 +359,10 @@ def _read_shard(folder: Path, world: int, remote: str) -> dict:
             f"learner runs {running} process(es); accepted: --resume with parallel = fsdp "
             f"on {world} processes"
         )
-    state = torch.load(folder / optimizer_shard_name(rank, world), weights_only=True)
+    name = optimizer_shard_name(rank, world)
+    state = files.torch(name)
+    if not isinstance(state, dict) or not isinstance(state.get("state"), dict):
+        raise TornState(files.shown(name), "holds no optimiser moments")
     return {**state, "local": True}
 
 
@@ -546,10 +378,15 @@ def advance_scheduler(scheduler, steps: int) -> None:
 
 
 def _published_weights(store: Store, version: int, cache: str) -> dict[str, torch.Tensor]:
+    """The weights of published version `version` (fetched: the store's own files, a
+    delta applied); a torn weights file is one line naming it."""
     folder = Path(store.policies.fetch(version, cache))
     weights: dict[str, torch.Tensor] = {}
     for path in sorted(folder.glob("*.safetensors")):
-        weights |= load_file(str(path))
+        try:
+            weights |= load_file(str(path))
+        except Exception as exc:  # safetensors' own errors: a torn header, a short file
+            raise TornState(str(path), f"cannot be loaded ({_why(exc)})") from None
     return weights
 
 
@@ -594,21 +431,6 @@ def restore(
     if trainer is not None:
         scheduler.load_state_dict(trainer["scheduler"])
         set_rng_state(trainer["rng"])
-
-
-def rekey_optimizer_state(state: dict, names: list[str], *, by_name: bool) -> dict:
-    """An optimiser state keyed by parameter name (FSDP's whole form) or by index
-    (`optimizer.state_dict()`), whichever it is, keyed the other way if asked; `names`
-    are the trainable parameters' names in the optimiser's order."""
-    index = {name: i for i, name in enumerate(names)}
-
-    def key(k: int | str) -> int | str:
-        if by_name:
-            return names[k] if isinstance(k, int) else k
-        return index[k] if isinstance(k, str) else k
-
-    groups = [{**g, "params": [key(p) for p in g["params"]]} for g in state["param_groups"]]
-    return {"state": {key(k): v for k, v in state["state"].items()}, "param_groups": groups}
 
 
 def _forget_after(store: Store, head: Head, ledger: Ledger) -> None:
