@@ -66,6 +66,7 @@ from gagpo.learner.state import (  # noqa: F401  (the training state's names, as
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, first_line
 from gagpo.schemas.layout import STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
+from gagpo.storage.registry import confine_own
 from gagpo.storage.store import Store
 
 
@@ -213,6 +214,7 @@ def _restore(
         where = checkpoint_dir(store, found) if found is not None else store.policies.dir(version)
         try:
             restore(model, optimizer, scheduler, weights, trainer, where=where)
+            _check_moments(model, optimizer)
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise TornState(where, f"does not fit this model and optimiser ({_why(exc)})") from None
     behind = head.update - (state["update"] if state else 0)  # updates since the state
@@ -264,6 +266,22 @@ def _read_state(store: Store, found: int | None, head: Head, cache: str):
 STATE_FIELDS = {"version": int, "update": int, "id": str}
 
 
+def _check_moments(model, optimizer) -> None:
+    """Each restored moment has its parameter's shape (AdamW's load_state_dict takes any
+    tensor, and the first step would fail on a foreign one). Sharded models: their local
+    shards were placed by `load_local_optimizer_state` itself."""
+    if is_sharded(model):
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                    raise ValueError(
+                        f"moment {key} of shape {tuple(value.shape)} for a parameter of shape "
+                        f"{tuple(param.shape)}"
+                    )
+
+
 def _check_trainer(trainer: object, shown: str) -> None:
     """trainer.pt holds what `snapshot_state` writes: an optimiser state (whole, or the
     record of a sharded one), the scheduler's and the RNG's."""
@@ -303,7 +321,7 @@ class StateFiles:
     def local(self, name: str) -> Path:
         path = self.shown(name)
         if self.store.is_local:
-            self.store.confine([path], "reading a training state")
+            confine_own(self.store, [path], "reading a training state")
             if not self.store.exists(path):
                 raise TornState(path, "is missing")
             return Path(path)

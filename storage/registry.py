@@ -251,12 +251,11 @@ class PolicyRegistry:
         to be the store's own (no link: neither the folder, nor a file, nor a folder on
         the way); refused in one line naming the first that is not."""
         remote = self.dir(version)
-        if os.path.islink(remote):
-            self.store.confine([remote], f"reading policy v{version}")
         found = [remote]
-        for folder, dirs, files in os.walk(remote):
-            found += [os.path.join(folder, name) for name in (*dirs, *files)]
-        self.store.confine(found, f"reading policy v{version}")
+        if not os.path.islink(remote):
+            for folder, dirs, files in os.walk(remote):
+                found += [os.path.join(folder, name) for name in (*dirs, *files)]
+        confine_own(self.store, found, f"reading policy v{version}")
         return remote
 
     def download_checked(self, remote: str, local: str) -> None:
@@ -271,7 +270,7 @@ class PolicyRegistry:
                 found = [remote] + [
                     os.path.join(f, n) for f, d, fs in os.walk(remote) for n in (*d, *fs)
                 ]
-                self.store.confine(found, f"downloading {remote}")
+                confine_own(self.store, found, f"downloading {remote}")
         else:
             listed = self.store.retrying(f"listing {remote}", lambda: self.store.fs.find(remote))
             prefix = remote.rstrip("/") + "/"
@@ -308,11 +307,30 @@ class PolicyRegistry:
         return pa.Table.from_arrays([pa.array(c) for c in columns], schema=schema)
 
 
+def confine_own(store, paths: list[str], what: str) -> None:
+    """Refuse, in one line naming the first offender by its path in the store, unless
+    every one of `paths` is a file of `store` (`Store.is_own`: under the root, reached
+    through no symbolic link, itself no link)."""
+    for path in paths:
+        if store.is_own(path):
+            continue
+        shown = posixpath.relpath(posixpath.normpath(path), store.root)
+        why = (
+            "is a symbolic link"
+            if store.is_local and os.path.islink(path)
+            else "lies outside the store or in a folder reached through a symbolic link"
+        )
+        raise GagpoError(
+            f"store {store.url}: {what}: {shown} {why}; refused: a store reads only its own "
+            "files, under its root and never through a symbolic link"
+        )
+
+
 def read_head(store, path: str, limit: int) -> bytes:
     """At most `limit` bytes of the store's file `path` (`Store.confine`: its own, no link),
     so a small record (LATEST, delta.json) that a hostile store made huge is never read
     whole; transient errors retried."""
-    store.confine([path], "reading")
+    confine_own(store, [path], "reading")
     return store.retrying(f"reading {path}", lambda: store.fs.cat_file(path, start=0, end=limit))
 
 
