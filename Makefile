@@ -10,7 +10,7 @@ export GAGPO_CACHE ?= $(CURDIR)/.cache/gagpo
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: install demo test test-vllm test-fast lint bench clean
+.PHONY: install demo demo-llm test test-vllm test-fast lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,13 @@ $(VLLM_STAMP): pyproject.toml Makefile
 # the report (gagpo report) and its learning-curve plot are.
 demo: install
 	$(BIN)/gagpo run --store demo-store/$$(date +%Y%m%d-%H%M%S) --recipe demo
+
+# A language model learns on the CPU (workflows/recipes/llm-demo.toml): SmolLM2-135M-Instruct,
+# untrained, plays guess_number (binary search with higher/lower feedback) and the GAGPO
+# learner trains it in bf16 for 30 updates; then the held-out evaluation of v0, v15 and the
+# last version, the report and the credit comparison. About 40 minutes on 2 cores.
+demo-llm: install
+	$(BIN)/gagpo run --store demo-store/llm-$$(date +%Y%m%d-%H%M%S) --recipe llm-demo
 
 # The main suite, then the vLLM tier (its own venv, built on first use: about a minute).
 test: install
