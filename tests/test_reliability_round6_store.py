@@ -537,7 +537,78 @@ def test_a_store_written_by_the_learner_before_issue_40_is_resumed(tmp_path):
     )
     assert old.returncode == 0, old.stderr[-3000:]
     assert store.policies.latest() == 3
+    old_row = pq.read_schema(layout.metrics(store.root, 3)).names
+    assert "publish_s" not in old_row  # written by the old learner (issue 40 added the column)
     assert {t.dtype for t in parameters(store.policies.dir(3)).values()} == {np.dtype("float32")}
     train(in_process(root, updates=5, resume=True, state_every=20))
     assert store.policies.latest() == 5
     assert CK.check_lineage(store) == []
+    assert "publish_s" in pq.read_schema(layout.metrics(store.root, 5)).names
+
+
+# --- the exact-resume kill tests, with the default state settings -----------------------------
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The uninterrupted run of tests/test_resume_lineage.py: the reference weights."""
+    from tests.helpers.lineage import UPDATES, B
+
+    root = tmp_path_factory.mktemp("straight") / "store"
+    store = lineage_store(root)
+    default = LearnerConfig.model_fields["state_every"].default
+    train(
+        in_process(
+            root,
+            updates=UPDATES,
+            batch_groups=B,
+            max_staleness=100,
+            idle_timeout_s=1.0,
+            state_every=default,
+        )
+    )
+    return store
+
+
+def lineage_store(root: Path) -> Store:
+    from tests.helpers.lineage import UPDATES, B
+
+    store = Store(str(root))
+    write_shards(store, UPDATES, groups=B)
+    store.policies.publish_base(str(tiny_model_dir()))
+    store.policies.set_latest(0)
+    return store
+
+
+@pytest.mark.parametrize(
+    ("hold", "extra"),
+    [
+        ("backward:8", ()),  # the defaults: a state every 20 updates, written by a thread
+        pytest.param("backward:8", ("--state-every", "3"), marks=pytest.mark.slow),
+        pytest.param("checkpoint:6", ("--state-every", "3"), marks=pytest.mark.slow),
+    ],
+)
+def test_kill_then_resume_with_the_default_state_settings(straight, tmp_path, hold, extra):
+    """tests/test_resume_lineage.py's kills, with states as the learner writes them by
+    default (every `state_every` updates, by a thread; not `--state-every 1
+    --no-state-async`): one lineage, every group trained once; the resumed run says which
+    optimiser state it took, and is the uninterrupted run bit for bit when that state is
+    LATEST's own."""
+    from tests.helpers.lineage import UPDATES, assert_one_lineage, kill_at, lineage_args
+
+    store = lineage_store(tmp_path / "store")
+    kill_at(tmp_path / "store", hold, tmp_path, *extra)
+    latest = store.policies.latest()
+    from tests.helpers.learner import run_learner
+
+    done = run_learner(*lineage_args(tmp_path / "store", "--resume", *extra))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_one_lineage(store)
+    notes = [line for line in done.stderr.splitlines() if line.startswith("--resume:")]
+    if not extra:
+        assert any(f"no complete training state at or before v{latest}" in n for n in notes)
+    elif not notes:  # LATEST's own state: the uninterrupted lineage, bit for bit
+        a = parameters(store.policies.dir(UPDATES))
+        b = parameters(straight.policies.dir(UPDATES))
+        for name in a:
+            np.testing.assert_allclose(a[name], b[name], atol=1e-6, rtol=0, err_msg=name)
+    else:
+        assert any("optimiser moments of v" in n for n in notes), notes
