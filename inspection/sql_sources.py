@@ -21,7 +21,7 @@ from gagpo.schemas import layout
 from gagpo.schemas.errors import ValidationError, first_line
 from gagpo.schemas.validate import validate_footer
 from gagpo.storage.archive import StepFiles, step_files
-from gagpo.storage.registry import LOADS_SCHEMA, is_published
+from gagpo.storage.registry import LOADS_SCHEMA, check_loads
 from gagpo.storage.store import Store
 
 ESTIMATOR = "estimator"
@@ -244,22 +244,11 @@ def estimators_table(store: Store, files: StepFiles | None = None) -> pa.Table:
 
 def policy_table(store: Store) -> pa.Table:
     """One row per version that has a folder under policy/ or that LATEST has reached:
-    published, stored (complete folder) and is_latest, as storage/registry.py defines them.
+    published, stored (complete folder) and is_latest, as storage/registry.py defines them
+    (`version_table`: LATEST must name a complete version).
 
     Versions up to LATEST are published even when pruning removed their folders."""
-    latest = store.policies.latest()
-    stored = set(store.policies.stored())
-    versions = set(store.policies.folders()) | set(range(latest + 1 if latest is not None else 0))
-    rows = [
-        {
-            "version": v,
-            "published": is_published(v, latest, v in stored),
-            "stored": v in stored,
-            "is_latest": v == latest,
-        }
-        for v in sorted(versions)
-    ]
-    return pa.Table.from_pylist(rows, schema=POLICY_SCHEMA)
+    return store.policies.version_table(POLICY_SCHEMA)
 
 
 def learner_metrics_source(store: Store, filesystem):
@@ -281,8 +270,8 @@ def learner_metrics_source(store: Store, filesystem):
 def policy_loads_source(store: Store, filesystem):
     """policy/loads/*.parquet: the versions each actor loaded (storage/registry.py
     `LoadLog`), one file per actor process."""
-    paths = committed(store, layout.loads(store.root, "*", "*"))
-    paths = readable(store, paths, LOADS_SCHEMA, "policy_loads")
+    paths = store.policies.load_files()  # the layout's names, the store's own files
+    paths = _with_footers(store, paths, check_loads, "policy_loads")
     return parquet_source(filesystem, paths, LOADS_SCHEMA)
 
 
