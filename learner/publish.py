@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import posixpath
 import re
 import shutil
 import tempfile
@@ -39,11 +38,20 @@ from typing import TYPE_CHECKING
 
 from gagpo.learner.faults import fault_point
 from gagpo.learner.lease import check_lease
-from gagpo.schemas import layout
-from gagpo.schemas.errors import GagpoError, StoreFullError
 from gagpo.schemas.layout import LINEAGE
+from gagpo.storage import folders
 from gagpo.storage.delta import DeltaPublisher
 from gagpo.storage.faults import set_thread_ordinal
+from gagpo.storage.folders import (  # noqa: F401  (the folder protocol's names, as before)
+    RANK_WAIT_S,
+    await_ranks,
+    commit_marker,
+    folder_bytes,
+    is_complete,
+    rank_done,
+    remove_folder,
+    upload_files,
+)
 from gagpo.storage.store import Store
 
 if TYPE_CHECKING:
@@ -55,41 +63,18 @@ _WEIGHT_FILES = re.compile(r"(\.safetensors|\.bin|\.gguf|\.pt|\.pth|\.index\.jso
 
 
 def put_folder(store: Store, local_dir: str | Path, remote_dir: str, *, phase: str) -> None:
-    """Upload every file of `local_dir` to `remote_dir`, then commit `.complete`. A full
-    disk removes the partial folder: nothing of it is left, and nothing points at it."""
-    store.remove(remote_dir, recursive=True)  # an earlier attempt that never completed
-    try:
-        upload_files(store, local_dir, remote_dir)
-        fault_point(phase)
-        commit_marker(store, remote_dir, sorted(os.listdir(local_dir)))
-    except StoreFullError:
-        store.remove(remote_dir, recursive=True)
-        raise
+    """storage/folders.py `put_folder`, held at this module's `fault_point` (crash tests
+    replace it to cut a publication or a state between its files and its marker)."""
+    folders.put_folder(store, local_dir, remote_dir, phase=phase, fault=_hold)
 
 
-def upload_files(store: Store, local_dir: str | Path, remote_dir: str) -> None:
-    store.makedirs(remote_dir)
-    for name in sorted(os.listdir(local_dir)):
-        source, dest = os.path.join(local_dir, name), posixpath.join(remote_dir, name)
-        store.retrying(f"uploading {dest}", functools.partial(store.fs.put_file, source, dest))
-    store.make_readable(remote_dir)  # 0644/0755: actors may run as other users
+def commit_shard(store: Store, local_dir: Path, remote: str, **protocol) -> int:
+    """storage/folders.py `commit_shard` (the sharded commit), held as `put_folder` is."""
+    return folders.commit_shard(store, local_dir, remote, fault=_hold, **protocol)
 
 
-def commit_marker(store: Store, remote_dir: str, files: list[str]) -> None:
-    """The folder is whole: `.complete`, naming its files, committed last."""
-    marker = {"completed_at": time.time(), "files": files}
-    store.commit_bytes(layout.complete(remote_dir), json.dumps(marker).encode())
-    store.make_readable(layout.complete(remote_dir))
-
-
-def is_complete(store: Store, remote_dir: str) -> bool:
-    return store.exists(layout.complete(remote_dir))
-
-
-def remove_folder(store: Store, remote_dir: str) -> None:
-    """Unmark first, then delete: a folder is never complete-but-partial."""
-    store.remove(layout.complete(remote_dir))
-    store.remove(remote_dir, recursive=True)
+def _hold(phase: str) -> None:
+    fault_point(phase)  # looked up at each call: the crash tests' replacement applies
 
 
 def copy_tokenizer_files(base_dir: Path, dest: Path) -> None:
@@ -246,12 +231,12 @@ def write_weights(
 
 def write_shard(store: Store, model, base_dir: Path, version: VersionCopy) -> int:
     """FSDP: this rank's file of the sharded folder of `version`, uploaded in parallel with
-    the other ranks' (each holds only its own tensors: no whole-model gather). A rank
-    other than 0 then commits `.rank-<r>`; rank 0 writes config.json (the model's own
-    class, the published dtype), `model.safetensors.index.json`, the tokenizer files and
-    the lineage, waits for every rank's `.rank-<r>`, and only then commits `.complete`.
-    The folder loads as it is in transformers and vLLM. Returns the bytes written (rank
-    0: the whole folder's, the other ranks' files counted at their tensors' size)."""
+    the other ranks' (each holds only its own tensors: no whole-model gather), committed by
+    the sharded-commit protocol (storage/folders.py `commit_shard`): rank 0 also writes
+    config.json (the model's own class, the published dtype),
+    `model.safetensors.index.json`, the tokenizer files and the lineage, and commits
+    `.complete` once every rank's file is in. The folder loads as it is in transformers
+    and vLLM. Returns the bytes written (rank 0: the whole folder's)."""
     from safetensors.torch import save_file
 
     shards = version.shards
@@ -260,53 +245,29 @@ def write_shard(store: Store, model, base_dir: Path, version: VersionCopy) -> in
         folder = Path(tmp)
         mine = folder / shard_name(shards.rank, shards.world)
         save_file(version.weights, str(mine), metadata={"format": "pt"})
-        if shards.rank != 0:
-            upload_files(store, folder, remote)
-            store.commit_bytes(rank_done(remote, shards.rank), b"{}")
-            return folder_bytes(folder)
-        copy_tokenizer_files(base_dir, folder)
-        _write_config(model, folder, version.dtype)
-        weight_map = {n: shard_name(o, shards.world) for n, (o, _) in sorted(shards.owners.items())}
-        total = sum(size for _, size in shards.owners.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (folder / SHARD_INDEX).write_text(json.dumps(index, indent=2) + "\n")
-        if version.lineage is not None:
-            (folder / LINEAGE).write_text(json.dumps(version.lineage))
-        written = folder_bytes(folder)
-        files = sorted(
-            {*os.listdir(folder), *(shard_name(r, shards.world) for r in range(shards.world))}
+        if shards.rank == 0:
+            copy_tokenizer_files(base_dir, folder)
+            _write_config(model, folder, version.dtype)
+            owners = sorted(shards.owners.items())
+            weight_map = {n: shard_name(o, shards.world) for n, (o, _) in owners}
+            total = sum(size for _, size in shards.owners.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (folder / SHARD_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+            if version.lineage is not None:
+                (folder / LINEAGE).write_text(json.dumps(version.lineage))
+        files = {*os.listdir(folder), *(shard_name(r, shards.world) for r in range(shards.world))}
+        return commit_shard(
+            store,
+            folder,
+            remote,
+            rank=shards.rank,
+            world=shards.world,
+            files=sorted(files),
+            phase="publish",
         )
-        try:
-            upload_files(store, folder, remote)
-            await_ranks(store, remote, shards.world)
-            fault_point("publish")
-            commit_marker(store, remote, files)
-        except StoreFullError:
-            store.remove(remote, recursive=True)
-            raise
-    return written + sum(size for owner, size in shards.owners.values() if owner != 0)
 
 
 SHARD_INDEX = "model.safetensors.index.json"
-RANK_WAIT_S = 1800.0  # a rank that never writes its file died: torchrun stops the job
-
-
-def rank_done(remote: str, rank: int) -> str:
-    """The marker rank `rank` commits once its file of the folder `remote` is in (sharded
-    publications and training states: rank 0 commits `.complete` after every rank's)."""
-    return posixpath.join(remote, f".rank-{rank}")
-
-
-def await_ranks(store: Store, remote: str, world: int) -> None:
-    """Rank 0's wait for every other rank's marker in `remote`, bounded by RANK_WAIT_S."""
-    deadline = time.monotonic() + RANK_WAIT_S
-    for rank in range(1, world):
-        while not store.exists(rank_done(remote, rank)):
-            if time.monotonic() > deadline:
-                raise GagpoError(
-                    f"rank {rank} never wrote its file of {remote} within {RANK_WAIT_S:.0f} s"
-                )
-            time.sleep(0.05)
 
 
 def _write_config(model, folder: Path, dtype: torch.dtype | None) -> None:
@@ -372,10 +333,6 @@ def _declare_dtype(folder: Path, dtype: torch.dtype) -> None:
     if not {"dtype", "torch_dtype"} & config.keys():
         config["dtype"] = name
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(path.stat().st_size for path in Path(folder).iterdir() if path.is_file())
 
 
 def write_adapter(model, folder: Path, base_dir: Path, lora) -> None:

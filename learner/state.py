@@ -48,22 +48,17 @@ import torch
 from safetensors.torch import save_file
 
 from gagpo.learner.dist import is_sharded, local_optimizer_state, rank_and_world
-from gagpo.learner.faults import fault_point
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import check_lease
 from gagpo.learner.publish import (
     Background,
-    await_ranks,
-    commit_marker,
+    commit_shard,
     folder_bytes,
     is_complete,
     put_folder,
-    rank_done,
     remove_folder,
-    upload_files,
 )
 from gagpo.schemas import layout
-from gagpo.schemas.errors import StoreFullError
 from gagpo.schemas.layout import STATE_LEDGER, STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
 from gagpo.storage.store import Store
 
@@ -225,38 +220,31 @@ def write_state(store: Store, snapshot: StateSnapshot) -> int:
 
 
 def _write_sharded_state(store: Store, snapshot: StateSnapshot) -> int:
-    """FSDP: this rank's optimiser file, uploaded in parallel with the other ranks'. A rank
-    other than 0 then commits `.rank-<r>` (its bytes); rank 0 writes the trainer (no
-    moments), ledger and record, waits for every rank's marker, then commits `.complete`:
-    a state missing any rank's file is never complete."""
+    """FSDP: this rank's optimiser file, uploaded in parallel with the other ranks' and
+    committed by the sharded-commit protocol (storage/folders.py `commit_shard`): rank 0
+    also writes the trainer (no moments), ledger and record, and commits `.complete` once
+    every rank's file is in, so a state missing any rank's file is never complete."""
     shard, remote = snapshot.shard, checkpoint_dir(store, snapshot.version)
     with tempfile.TemporaryDirectory(prefix="gagpo-state-") as tmp:
         folder = Path(tmp)
         torch.save(shard.state, folder / optimizer_shard_name(shard.rank, shard.world))
-        if shard.rank != 0:
-            upload_files(store, folder, remote)
-            written = folder_bytes(folder)
-            store.commit_bytes(rank_done(remote, shard.rank), json.dumps(written).encode())
-            return written
-        torch.save(snapshot.trainer, folder / STATE_TRAINER)
-        pq.write_table(snapshot.ledger, folder / STATE_LEDGER)
-        (folder / STATE_RECORD).write_text(json.dumps(snapshot.record))
+        if shard.rank == 0:
+            torch.save(snapshot.trainer, folder / STATE_TRAINER)
+            pq.write_table(snapshot.ledger, folder / STATE_LEDGER)
+            (folder / STATE_RECORD).write_text(json.dumps(snapshot.record))
         files = {
             *os.listdir(folder),
             *(optimizer_shard_name(r, shard.world) for r in range(shard.world)),
         }
-        try:
-            upload_files(store, folder, remote)
-            await_ranks(store, remote, shard.world)
-            fault_point("checkpoint")
-            commit_marker(store, remote, sorted(files))
-        except StoreFullError:
-            store.remove(remote, recursive=True)
-            raise
-        others = sum(
-            json.loads(store.read_bytes(rank_done(remote, r))) for r in range(1, shard.world)
+        return commit_shard(
+            store,
+            folder,
+            remote,
+            rank=shard.rank,
+            world=shard.world,
+            files=sorted(files),
+            phase="checkpoint",
         )
-        return folder_bytes(folder) + others
 
 
 def save_state(
