@@ -64,7 +64,7 @@ from gagpo.inspection.sql_views import VIEWS, view_statements
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
-from gagpo.storage.archive import is_missing_file, step_files
+from gagpo.storage.archive import RESOLVE_ATTEMPTS, is_missing_file
 from gagpo.storage.store import Store
 
 # Same default as the advantage stage (docs/design.md §4); used only where no advantages exist.
@@ -155,8 +155,9 @@ def open_store_db(
     memory_bytes(memory_limit)  # a clear line for a bad size, before DuckDB sees it
     filesystem = src.arrow_filesystem(store)
 
-    files = step_files(store)  # archive and inbox, each group once (storage/archive.py)
-    segments = src.native_segments(store, files)  # read by DuckDB itself, allowed by path
+    # archive and inbox, each group once, as of one generation (storage/archive.py)
+    step = src.step_sources(store, filesystem)
+    segments = step.segments  # read by DuckDB itself, allowed by path
     spill = tempfile.mkdtemp(prefix="gagpo-sql-")  # 0700: private to this user
     # allowed_paths can be set only while external access is on: then it goes off
     config = dict(_LOCKED_SETTINGS, memory_limit=memory_limit, temp_directory=spill)
@@ -172,11 +173,10 @@ def open_store_db(
         raise GagpoError(f"cannot open DuckDB ({_first_line(exc)})") from None
     _TEMP_DIRS[id(con)] = spill
     _SEGMENTS[id(con)] = segments or []
-    steps = src.inbox_files(store, files) if segments is not None else src.steps_files(store, files)
     sources = {
-        "steps": src.parquet_source(filesystem, steps, C.STEPS_SCHEMA),
-        "advantages": src.advantages_source(store, filesystem, files),
-        "estimators": src.estimators_table(store, files),
+        "steps": step.steps,
+        "advantages": step.advantages,
+        "estimators": step.estimators,
         "policy": src.policy_table(store),
         "policy_loads": src.policy_loads_source(store, filesystem),
         "learner_metrics": src.learner_metrics_source(store, filesystem),
@@ -447,13 +447,13 @@ def query_store(
     """`query` on a fresh connection over `store`. A file a compaction removed while the
     query ran (its groups are in a segment now) makes the query run again on the store as
     it stands: a query never fails, nor counts twice, because a compaction committed."""
-    for attempt in range(5):
+    for attempt in range(RESOLVE_ATTEMPTS):
         con = None
         try:
             con = open_store_db(store, gamma=gamma, limits=limits, as_of_update=as_of_update)
             return run_query(con, query, limits)
         except (GagpoError, OSError, pa.ArrowException) as exc:
-            if attempt == 4 or not is_missing_file(exc):
+            if attempt == RESOLVE_ATTEMPTS - 1 or not is_missing_file(exc):
                 raise
         finally:
             if con is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 import sys
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -18,9 +19,16 @@ import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.errors import ValidationError, first_line
+from gagpo.schemas.errors import GagpoError, ValidationError, first_line
 from gagpo.schemas.validate import validate_footer
-from gagpo.storage.archive import StepFiles, step_files
+from gagpo.storage.archive import (
+    RESOLVE_ATTEMPTS,
+    StepFiles,
+    generation_of,
+    is_missing_file,
+    read_manifest,
+    step_files,
+)
 from gagpo.storage.registry import LOADS_SCHEMA, check_loads
 from gagpo.storage.store import Store
 
@@ -94,10 +102,19 @@ def inside(store: Store, paths: list[str]) -> list[str]:
     return kept
 
 
-def readable(store: Store, paths: list[str], schema: pa.Schema | None, what: str) -> list[str]:
+def readable(
+    store: Store,
+    paths: list[str],
+    schema: pa.Schema | None,
+    what: str,
+    *,
+    warnings: list[str] | None = None,
+) -> list[str]:
     """The paths whose Parquet footer reads (and whose columns have `schema`'s types, when
     given). One unreadable file would fail every query of its view, so the others are
-    skipped and named in one warning line on stderr; the views answer without them."""
+    skipped and named in one warning line on stderr (appended to `warnings` instead, when
+    given); the views answer without them. A file that is no longer there is not
+    unreadable: FileNotFoundError propagates (`_with_footers`)."""
 
     def check(found: pa.Schema) -> None:
         wrong = [
@@ -108,17 +125,33 @@ def readable(store: Store, paths: list[str], schema: pa.Schema | None, what: str
         if wrong:
             raise ValueError(f"column {wrong[0]} has type {found.field(wrong[0]).type}")
 
-    return _with_footers(store, paths, check, what)
+    return _with_footers(store, paths, check, what, warnings=warnings)
 
 
-def _with_footers(store: Store, paths: list[str], check, what: str, skipped=None) -> list[str]:
+def _with_footers(
+    store: Store,
+    paths: list[str],
+    check,
+    what: str,
+    skipped=None,
+    *,
+    warnings: list[str] | None = None,
+) -> list[str]:
     """The paths whose footer reads and passes `check(schema)`; the others named in one
-    warning line (with `skipped`, reasons found before)."""
+    warning line (with `skipped`, reasons found before), printed, or appended to
+    `warnings` when given.
+
+    A file that vanished since it was listed raises FileNotFoundError, never a skip: a
+    compaction removes the inbox shards it moved and the segment it merged once it has
+    committed, and their groups are then in a segment that the caller's listing predates.
+    Skipping them answered without those groups (issue 46); the caller resolves again."""
     kept, skipped = [], list(skipped or [])
     for path in paths:
         try:
             check(store.retrying(f"reading {path}", lambda p=path: _footer_schema(store, p)))
         except (OSError, ValueError, pa.ArrowException, ValidationError) as exc:
+            if is_missing_file(exc):
+                raise FileNotFoundError(f"No such file: {path} (moved by a compaction)") from None
             skipped.append(f"{posixpath.relpath(path, store.root)} ({first_line(exc, 120)})")
             continue
         kept.append(path)
@@ -126,11 +159,14 @@ def _with_footers(store: Store, paths: list[str], check, what: str, skipped=None
         shown = "; ".join(skipped[:5]) + (
             f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
         )
-        print(
+        line = (
             f"gagpo sql: warning: {what}: skipped {len(skipped)} unreadable file(s): {shown}; "
-            "the views answer without them",
-            file=sys.stderr,
+            "the views answer without them"
         )
+        if warnings is None:
+            print(line, file=sys.stderr)
+        else:
+            warnings.append(line)
     return kept
 
 
@@ -143,7 +179,9 @@ def _footer_schema(store: Store, path: str) -> pa.Schema:
 _PATTERN_CHARACTERS = frozenset("*?[]{}")
 
 
-def native_segments(store: Store, files: StepFiles) -> list[str] | None:
+def native_segments(
+    store: Store, files: StepFiles, *, warnings: list[str] | None = None
+) -> list[str] | None:
     """The archive's segments for DuckDB to read itself (`read_parquet`, allowed by path in
     inspection/sql.py), or None where the Arrow scan reads them: object stores (DuckDB has no
     fsspec) and paths DuckDB would take as a pattern. Segments are the bulk of a long run's
@@ -153,10 +191,12 @@ def native_segments(store: Store, files: StepFiles) -> list[str] | None:
     paths = files.segment_paths(store)
     if not store.is_local or any(_PATTERN_CHARACTERS & set(p) for p in paths):
         return None
-    return segment_files(store, files)
+    return segment_files(store, files, warnings=warnings)
 
 
-def segment_files(store: Store, files: StepFiles) -> list[str]:
+def segment_files(
+    store: Store, files: StepFiles, *, warnings: list[str] | None = None
+) -> list[str]:
     """The archive's segments that are the store's own (`inside`: no link) and whose footer
     passes the segment checks (schemas/validate.py `validate_footer`: schema version, the
     contract's columns and types). A bad segment would fail every query or give junk rows,
@@ -169,23 +209,83 @@ def segment_files(store: Store, files: StepFiles) -> list[str]:
         for p in paths
         if p not in own
     ]
-    return _with_footers(store, own, validate_footer, "steps", linked)
+    return _with_footers(store, own, validate_footer, "steps", linked, warnings=warnings)
 
 
-def inbox_files(store: Store, files: StepFiles) -> list[str]:
+def inbox_files(store: Store, files: StepFiles, *, warnings: list[str] | None = None) -> list[str]:
     """The inbox shards the archive does not hold that are the store's own and readable (a
     shard a learner has not quarantined yet may be neither)."""
     shards = inside(store, [ref.path for ref in files.shards])
-    return readable(store, shards, C.STEPS_SCHEMA, "steps")
+    return readable(store, shards, C.STEPS_SCHEMA, "steps", warnings=warnings)
 
 
-def steps_files(store: Store, files: StepFiles | None = None) -> list[str]:
+def steps_files(
+    store: Store, files: StepFiles | None = None, *, warnings: list[str] | None = None
+) -> list[str]:
     """The files of the store's steps (storage/archive.py, the one reader): the archive's
     segments, then the inbox tail (`inbox_files`). Segments are written by the compactor
     alone: their footers are not read here, so a query reads a few large files and no
     dataset discovery runs footer by footer over the history."""
     files = step_files(store) if files is None else files
-    return segment_files(store, files) + inbox_files(store, files)
+    return segment_files(store, files, warnings=warnings) + inbox_files(
+        store, files, warnings=warnings
+    )
+
+
+@dataclass(frozen=True)
+class StepSources:
+    """What the steps, advantages and estimators views read, as of one generation of the
+    archive (`step_sources`)."""
+
+    files: StepFiles
+    segments: list[str] | None  # read by DuckDB itself (`native_segments`); None: in `steps`
+    steps: object  # the Arrow source of the inbox tail (and of the segments, without native)
+    advantages: object  # the Arrow source of the advantage tables of `files`
+    estimators: pa.Table
+
+
+def step_sources(store: Store, filesystem) -> StepSources:
+    """The steps views' files, resolved and opened as of one instant of the archive.
+
+    A compaction that commits while this runs removes, right after, files the resolution
+    named (the inbox shards it moved, the segment it merged, their advantage tables): a
+    footer read, or a dataset opened, then finds one missing, and an advantage listing
+    made after the commit lacks the moved shards' tables. Either way, the store is
+    resolved again (storage/archive.py `step_files`), until one pass ends with the archive
+    at the generation it started from: only then is every file it names there, and every
+    table it lists the one of a file it names (a compactor removes nothing a generation
+    names while that generation is the newest). Unreadable files are skipped and named
+    in one warning line (printed once, for the pass that is kept)."""
+    for _ in range(RESOLVE_ATTEMPTS):
+        files = step_files(store)
+        warnings: list[str] = []
+        try:
+            # a bad segment's warning is printed at once (rare: the compactor validated it)
+            segments = native_segments(store, files)
+            if segments is None:
+                paths = steps_files(store, files, warnings=warnings)
+            else:
+                paths = inbox_files(store, files, warnings=warnings)
+            advantages = _advantage_files(store, files, warnings=warnings)
+            sources = StepSources(
+                files,
+                segments,
+                parquet_source(filesystem, paths, C.STEPS_SCHEMA),
+                advantages_source(store, filesystem, files, paths=advantages),
+                estimators_table(store, files, paths=advantages),
+            )
+        except (OSError, pa.ArrowException) as exc:
+            if not is_missing_file(exc):
+                raise
+            continue
+        if generation_of(read_manifest(store)) == generation_of(files.manifest):
+            for line in warnings:
+                print(line, file=sys.stderr)
+            return sources
+    raise GagpoError(
+        f"store {store.url}: compactions kept removing files while the views were opened "
+        f"({RESOLVE_ATTEMPTS} attempts); accepted: try again (a compaction runs in seconds)"
+    )
 
 
 def parquet_source(filesystem, paths: list[str], schema: pa.Schema, **options):
@@ -195,7 +295,9 @@ def parquet_source(filesystem, paths: list[str], schema: pa.Schema, **options):
     return ds.dataset(paths, schema=schema, format="parquet", filesystem=filesystem, **options)
 
 
-def _advantage_files(store: Store, files: StepFiles | None = None) -> list[str]:
+def _advantage_files(
+    store: Store, files: StepFiles | None = None, *, warnings: list[str] | None = None
+) -> list[str]:
     """The advantage tables of the store's steps files: one per archive segment and inbox
     shard. Tables of shards the archive holds (its segment's table has their rows) and of
     segments it no longer names (merged, or a killed compaction's) are left out, so each
@@ -205,38 +307,45 @@ def _advantage_files(store: Store, files: StepFiles | None = None) -> list[str]:
     if files.manifest is not None:
         alive = set(files.ids())
         paths = [p for p in paths if posixpath.basename(p)[: -len(".parquet")] in alive]
-    return readable(store, paths, None, "advantages")  # writers of other float widths: cast
+    # writers of other float widths: cast
+    return readable(store, paths, None, "advantages", warnings=warnings)
 
 
-def advantages_source(store: Store, filesystem, files: StepFiles | None = None):
-    """All advantage tables; the tag folder becomes the `estimator` column."""
+def advantages_source(
+    store: Store, filesystem, files: StepFiles | None = None, *, paths: list[str] | None = None
+):
+    """All advantage tables (`paths`, when the caller listed them; `_advantage_files`
+    else); the tag folder becomes the `estimator` column."""
     partitioning = ds.DirectoryPartitioning(
         pa.schema([pa.field(ESTIMATOR, pa.string())]), segment_encoding="none"
     )
     return parquet_source(
         filesystem,
-        _advantage_files(store, files),
+        _advantage_files(store, files) if paths is None else paths,
         ADVANTAGES_VIEW_SCHEMA,
         partitioning=partitioning,
         partition_base_dir=layout.advantages_dir(store.root),
     )
 
 
-def estimators_table(store: Store, files: StepFiles | None = None) -> pa.Table:
-    """Per tag: name and parameters from the file metadata of its first file."""
+def estimators_table(
+    store: Store, files: StepFiles | None = None, *, paths: list[str] | None = None
+) -> pa.Table:
+    """Per tag: name and parameters from the file metadata of its first file (of `paths`,
+    when the caller listed the tables; `_advantage_files` else)."""
     by_tag: dict[str, list[str]] = {}
-    for path in _advantage_files(store, files):
+    for path in _advantage_files(store, files) if paths is None else paths:
         by_tag.setdefault(posixpath.basename(posixpath.dirname(path)), []).append(path)
     rows = []
-    for tag, paths in sorted(by_tag.items()):
-        with store.fs.open(paths[0], "rb") as handle:
+    for tag, tables in sorted(by_tag.items()):
+        with store.fs.open(tables[0], "rb") as handle:
             metadata = pq.read_schema(handle).metadata or {}
         rows.append(
             {
                 ESTIMATOR: tag,
                 "name": _decode(metadata.get(C.META_ESTIMATOR)),
                 "params": _decode(metadata.get(C.META_ESTIMATOR_PARAMS)),
-                "shards": len(paths),
+                "shards": len(tables),
             }
         )
     return pa.Table.from_pylist(rows, schema=ESTIMATORS_SCHEMA)

@@ -33,6 +33,11 @@ it starts again (a sequence lock). The result is every segment plus every inbox 
 the archive does not hold: each group exactly once, also halfway through a compaction.
 A file that vanishes after that (a compaction removed a shard it moved, or a segment it
 merged) raises FileNotFoundError in the reader, which resolves again (`read_with_retry`).
+A reader never takes a missing file for an unreadable one and skips it: its groups are
+in a segment its resolution predates, so skipping it loses them (issue 46: the SQL
+views' footer checks did). Whatever a reader lists after the resolution (the SQL
+views' advantage tables) holds only if the generation is still the one resolved
+(inspection/sql_sources.py `step_sources`).
 """
 
 from __future__ import annotations
@@ -301,7 +306,7 @@ def step_files(store: Store, run_id: str | None = None) -> StepFiles:
         before = read_manifest(store)
         refs = store.list_shards(run_id)
         after = read_manifest(store)
-        if _generation(before) == _generation(after):
+        if generation_of(before) == generation_of(after):
             break
     else:
         raise GagpoError(f"store {store.url}: compactions kept committing while it was listed")
@@ -319,7 +324,8 @@ def is_segment(ref: ShardRef) -> bool:
     return ref.run_id == ""
 
 
-def _generation(manifest: Manifest | None) -> int:
+def generation_of(manifest: Manifest | None) -> int:
+    """The generation of `manifest`; -1 for a store never compacted (None)."""
     return -1 if manifest is None else manifest.generation
 
 
@@ -366,15 +372,26 @@ def read_steps_table(
     """Every step of the store (of `run_id`; of `groups` only, when given) as one table:
     segments, then the inbox tail, each group once. Shards that fail validation are not
     read here (the learner and `gagpo advantages --store` quarantine them): a reader
-    of the store's history skips a file it cannot decode."""
+    of the store's history skips a file it cannot decode.
+
+    When a compaction removes a file before it is read, the store is resolved again and
+    only the files this resolution names that were not read yet are read: a file is never
+    rewritten (a segment merged is a new one), so the rows of one still named stand. A
+    compactor that commits every few seconds then costs a reader the new segment, not a
+    fresh start."""
+    done: dict[str, pa.Table | None] = {}  # path → its rows (None: it does not decode)
 
     def read(files: StepFiles) -> pa.Table:
-        segments = [
-            read_file(store, p, columns, run_id, groups, segment=True)
-            for p in files.segment_paths(store)
-        ]
-        shards = [read_file(store, r.path, columns, run_id, groups) for r in files.shards]
-        tables = [t for t in segments + shards if t is not None]
+        segments, shards = files.segment_paths(store), [r.path for r in files.shards]
+        for path in done.keys() - {*segments, *shards}:
+            del done[path]  # merged or moved: its groups are in a file of `files`
+        for path in segments:
+            if path not in done:
+                done[path] = read_file(store, path, columns, run_id, groups, segment=True)
+        for path in shards:
+            if path not in done:
+                done[path] = read_file(store, path, columns, run_id, groups)
+        tables = [t for t in (done[p] for p in segments + shards) if t is not None]
         if not tables:
             return _empty(columns)
         return pa.concat_tables(tables, promote_options="default")
