@@ -126,6 +126,7 @@ class Segments:
     advantages: np.ndarray  # [steps]
     versions: np.ndarray  # [steps] policy version of each step
     segment: np.ndarray  # [steps] segment of each step; −1: not encoded (empty or too long)
+    group: np.ndarray  # [steps] index of each step's group (ascending group_id)
     last: np.ndarray  # [segments] the step whose prompt + action are the segment's tokens
 
     @property
@@ -187,6 +188,7 @@ def segment(table: pa.Table, max_positions: int, merge: bool = True) -> Segments
         advantages=table[C.ADVANTAGE].to_numpy().astype(np.float32),
         versions=table[C.POLICY_VERSION].to_numpy().astype(np.int64),
         segment=seg,
+        group=pc.index_in(table[C.GROUP_ID], pc.unique(table[C.GROUP_ID])).to_numpy(),
         last=steps[ends],
     )
 
@@ -205,27 +207,38 @@ def collate(segs: Segments, chosen: np.ndarray, version: int, pad_id: int) -> Mi
     row_of = np.full(len(segs.last) + 1, -1)  # segment → row here; index −1: not encoded
     row_of[chosen] = np.arange(b)
     steps = np.flatnonzero(row_of[segs.segment] >= 0)
-    rows, p, a = row_of[segs.segment[steps]], p_len[steps], a_len[steps]
-    A, L = len(steps), max(int(a.max(initial=1)), 1)
-    act, j, at = _ranges(_starts(a_len)[steps], a)  # each action token: its action, index
-    behav = np.zeros((A, L), dtype=np.float32)
-    behav[act, j] = segs.behav[at]
-    advantages = segs.advantages[steps]
-    finite = np.isfinite(behav).all(1) & np.isfinite(advantages)
-    valid = (a > 0) & (p > 0) & finite
-    read = valid[act]  # the tokens the loss reads, in action_mask's row-major order
+    rows, p = row_of[segs.segment[steps]], p_len[steps]
+    act, j, read, fields = action_tensors(segs, steps, version)
     return MicroBatch(
         input_ids=torch.from_numpy(ids),
         attention_mask=torch.from_numpy(attention).long(),
         position_ids=torch.arange(width).expand(b, width).contiguous(),
         token_rows=torch.from_numpy(rows[act][read]),
         token_cols=torch.from_numpy((p[act] + j - 1)[read]),
+        **fields,
+    )
+
+
+def action_tensors(segs: Segments, steps: np.ndarray, version: int):
+    """The per-action tensors of `steps` (MicroBatch's action_mask, logp_behav, advantages,
+    staleness, valid), and for each of their action tokens its action, its index in it, and
+    whether the loss reads it (in action_mask's row-major order)."""
+    p, a = segs.prompt_len[steps], segs.action_len[steps]
+    A, L = len(steps), max(int(a.max(initial=1)), 1)
+    act, j, at = _ranges(_starts(segs.action_len)[steps], a)  # each action token
+    behav = np.zeros((A, L), dtype=np.float32)
+    behav[act, j] = segs.behav[at]
+    advantages = segs.advantages[steps]
+    finite = np.isfinite(behav).all(1) & np.isfinite(advantages)
+    valid = (a > 0) & (p > 0) & finite
+    fields = dict(
         action_mask=torch.from_numpy((np.arange(L)[None, :] < a[:, None]) & valid[:, None]),
         logp_behav=torch.from_numpy(np.where(np.isfinite(behav), behav, 0.0).astype(np.float32)),
         advantages=torch.from_numpy(np.where(np.isfinite(advantages), advantages, 0.0)),
         staleness=torch.from_numpy(staleness(version, segs.versions[steps])),
         valid=torch.from_numpy(valid),
     )
+    return act, j, valid[act], fields
 
 
 def bucket(lengths: np.ndarray, budget: int) -> list[np.ndarray]:
@@ -257,8 +270,14 @@ def plan(
     context are in none (`too_long` counts them)."""
     segs = segment(table, max_positions, merge)
     batches = [collate(segs, idx, version, pad_id) for idx in bucket(segs.lengths, budget)]
+    weigh(batches, token_mean)
+    return batches
+
+
+def weigh(batches: list[MicroBatch], token_mean: bool) -> None:
+    """Each micro-batch's share of the loss denominator: its valid actions, or with
+    token-mean aggregation their tokens, over the whole table's."""
     counts = [float(mb.action_mask.sum() if token_mean else mb.valid.sum()) for mb in batches]
     total = max(sum(counts), 1.0)
     for mb, count in zip(batches, counts, strict=True):
         mb.weight = count / total
-    return batches

@@ -5,13 +5,17 @@ Light to import (no torch): the CLI validates a config before any heavy import.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gagpo.pipeline.config import EstimatorConfig, GagpoConfig
 from gagpo.schemas.config import Config
 from gagpo.schemas.errors import GagpoError
+
+# A decay rate of AdamW's moment estimates: torch refuses one outside [0, 1) only when the
+# optimiser is built, after the model has loaded.
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 # Settings that were removed, and the line an old config that still sets one gets.
 REMOVED = {
@@ -112,8 +116,8 @@ class LearnerConfig(Config):
     """The decayed schedules' final learning rate, as a fraction of lr."""
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     """AdamW decoupled weight decay."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW (β1, β2)."""
+    adam_betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW (β1, β2), each in [0, 1): the decay rates of the moment estimates."""
     adam_eps: float = Field(1e-8, gt=0.0, le=1.0)
     """AdamW ε, added to √v̂: parameters whose gradients stay below it move less than lr a step
     (raise it when noisy policy gradients move every weight by a full lr)."""
@@ -188,6 +192,10 @@ class LearnerConfig(Config):
     action as one sequence, reading every action's log-probs at its own positions (tokens
     grow with the turns, not their square; the loss is the same); false: one row per step
     (the ablation)."""
+    prefix_trie: bool = False
+    """Encode each group's steps as one prefix trie (learner/trie.py): every distinct prefix
+    of the group's prompt + action sequences once, each action scored on its own context
+    through a tree attention mask (the loss is the same); metric tree_token_ratio."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
     lora: LoraSettings = Field(default_factory=LoraSettings)

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from gagpo.learner import faults
+from gagpo.learner import faults, trie
 from gagpo.learner.batching import MicroBatch, plan, step_lengths
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.dist import Dist, all_reduce, all_reduce_grads, clip_grads, is_sharded
@@ -33,6 +33,7 @@ from gagpo.learner.metrics import Histogram
 from gagpo.learner.model import action_logprobs, has_dropout
 from gagpo.learner.precision import autocast_dtype
 from gagpo.learner.sft import sft_loss
+from gagpo.learner.trie import TrieStats
 from gagpo.schemas import columns as C
 
 # Sums over micro-batches (then ranks): loss terms weighted by each micro-batch's share.
@@ -81,7 +82,9 @@ def run_update(
         faults.fault_point("backward")  # test hook: a kill here is a kill mid-update
         norm = _optimizer_step(params, optimizer, scheduler, cfg, d, reduce_grads=not sharded)
         acc.grad_norms.append(norm)
-    return _reduce(acc, d, len(slices.micro_batches), skipped)
+    out, hist = _reduce(acc, d, len(slices.micro_batches), skipped)
+    out |= _tree_metrics(slices.tree)
+    return out, hist
 
 
 # --- the plan ----------------------------------------------------------------------------
@@ -94,14 +97,14 @@ class _Plan:
 
     micro_batches: list[list[MicroBatch]]
     real: list[int]
+    tree: TrieStats | None = None  # with prefix_trie: what the tries saved, summed over slices
 
 
 def _plan(table, cfg: LearnerConfig, *, version, pad_id, max_pos, sharded, d: Dist) -> _Plan:
     token_mean = cfg.loss.aggregation == "token_mean" or cfg.mode == "sft"
-    out = _Plan([], [])
+    out = _Plan([], [], TrieStats() if cfg.prefix_trie else None)
     for part in _slices(table, cfg.mini_batches):
-        mbs = plan(
-            part,
+        options = dict(
             version=version,
             pad_id=pad_id,
             max_positions=max_pos,
@@ -109,11 +112,29 @@ def _plan(table, cfg: LearnerConfig, *, version, pad_id, max_pos, sharded, d: Di
             token_mean=token_mean,
             merge=cfg.merge_turns,
         )
+        if out.tree is None:
+            mbs = plan(part, **options)
+        else:
+            mbs, stats = trie.plan(part, **options)
+            out.tree.add(stats)
         mine = mbs[d.rank :: d.world]
         padding = -(-len(mbs) // d.world) - len(mine) if sharded else 0
         out.micro_batches.append([mb.to(d.device) for mb in mine + mbs[:1] * padding])
         out.real.append(len(mine))
     return out
+
+
+def _tree_metrics(tree: TrieStats | None) -> dict:
+    """`tree_token_ratio`: tokens the segments would encode over tokens the prefix tries
+    encode (the work saved, ≥ 1); `tree_splits`: trie rows past one per group, split at
+    the micro-batch budget (between whole paths). None with prefix_trie off. Every rank
+    plans the whole slice, so these are the update's own, not summed over ranks."""
+    if tree is None:
+        return {"tree_token_ratio": None, "tree_splits": None}
+    return {
+        "tree_token_ratio": tree.segment_tokens / max(tree.tokens, 1),
+        "tree_splits": tree.splits,
+    }
 
 
 def _slices(table: pa.Table, n: int) -> list[pa.Table]:

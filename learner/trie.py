@@ -1,0 +1,227 @@
+"""A group's steps as one prefix trie: each distinct prefix encoded once (issue 48).
+
+The G rollouts of a group begin from one prompt and revisit states, and an agent that
+keeps its history sends, at step t, a prompt that holds steps 0…t−1. Segments
+(learner/batching.py) encode each trajectory once but every trajectory's copy of what
+the group shares again. Here the sequences `prompt_ids + action_ids` of a group's steps
+are laid out as the trie of their prefixes: a **node** is a distinct prefix (group,
+depth d, tokens t_0…t_d), a row holds nodes, and
+
+- node i attends to node j iff j is an ancestor of i or i itself (a boolean [T, T] mask,
+  which transformers passes to SDPA/eager attention as it is);
+- its position id is its depth d, so along each path positions run 0, 1, 2, … exactly as
+  in the step's own row;
+- the log-prob of action token k of a step with prompt length p is read at the node of
+  the step's prefix of length p + k (its depth p + k − 1) and its target is the step's
+  token p + k.
+
+So every action is scored on exactly the context it was sampled on: the same keys,
+values and positions as its segment row, only fewer tokens. Rows are laid out by depth,
+so along each path the keys keep their order (up to the attention kernel's blocking, the
+sums are the segment row's).
+
+Nodes come from a polynomial hash of each prefix (two 31-bit moduli, vectorised as a
+cumulative sum over the flat tokens), checked exactly: every occurrence of a node must
+carry the node's token and the node's parent, so by induction on depth two prefixes
+share a node only if they are equal (a collision fails loudly, never silently).
+
+A group's trie is one row unless it holds more than the micro-batch budget: then the
+group's segments (a trajectory's steps that extend each other: one path) are split, in
+(trajectory, step) order, into rows that each hold whole paths; a prefix shared across two rows is encoded in both (a split at trie nodes, never
+inside a prefix), and `splits` counts the extra rows. Positions are depths, so a row is
+never limited by the model's context, only its paths are (steps past it are left out
+as with segments). Rows are packed into micro-batches as segments are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from gagpo.learner.batching import (
+    MicroBatch,
+    Segments,
+    _ranges,
+    _starts,
+    action_tensors,
+    bucket,
+    segment,
+    weigh,
+)
+from gagpo.schemas.errors import GagpoError
+
+_MODULI = (2_147_483_647, 2_147_483_629)  # primes below 2³¹
+_BASES = (1_000_003, 911_382_323)
+
+
+@dataclass
+class Trie:
+    """The encoded steps' tokens (step after step, each step's tokens in order) and the
+    node of each; node ids ascend with (group, depth)."""
+
+    flat: np.ndarray  # [tokens] index of each token into `Segments.tokens`
+    step: np.ndarray  # [tokens] its step
+    depth: np.ndarray  # [tokens] its index within the step's prompt + action
+    node: np.ndarray  # [tokens] its node
+    nodes: int
+
+
+@dataclass
+class TrieStats:
+    """What the trie saved: `segment_tokens` (what segments encode), `tokens` (what the
+    trie rows encode), `distinct` (the groups' distinct prefixes) and `splits` (rows past
+    one per group, made by the budget)."""
+
+    segment_tokens: int = 0
+    tokens: int = 0
+    distinct: int = 0
+    splits: int = 0
+
+    def add(self, other: TrieStats) -> None:
+        for key, value in vars(other).items():
+            setattr(self, key, getattr(self, key) + value)
+
+
+def _powers(n: int, base: int, mod: int) -> np.ndarray:
+    """[n] base^k mod `mod`, by doubling (products stay below 2⁶²)."""
+    out = np.ones(1, dtype=np.int64)
+    while len(out) < n:
+        out = np.concatenate([out, out * pow(base, len(out), mod) % mod])
+    return out[:n]
+
+
+def build(segs: Segments) -> Trie:
+    """The prefix trie of the encoded steps (segment ≥ 0) of each group."""
+    n = segs.prompt_len + segs.action_len
+    steps = np.flatnonzero(segs.segment >= 0)
+    owner, depth, flat = _ranges(_starts(n)[steps], n[steps])
+    step = steps[owner]
+    tok = segs.tokens[flat].astype(np.int64)
+    keys = [segs.group[step].astype(np.int64), depth]
+    first = _starts(n[steps])[owner]  # each token's step's first token, in these arrays
+    for base, mod in zip(_BASES, _MODULI, strict=True):
+        term = (tok + 1) % mod * _powers(int(depth.max(initial=0)) + 1, base, mod)[depth] % mod
+        total = np.cumsum(term)  # < 2⁵² for up to 2²¹ tokens per 2³¹
+        keys.append((total - total[first] + term[first]) % mod)
+    _, index, node = np.unique(np.stack(keys, 1), axis=0, return_index=True, return_inverse=True)
+    node = node.reshape(-1)
+    parent = np.where(depth > 0, np.r_[-1, node[:-1]], -1)  # the previous token's node
+    if (tok[index][node] != tok).any() or (parent[index][node] != parent).any():
+        raise GagpoError("prefix trie: two different prefixes share a hash; this batch cannot use")
+    return Trie(flat=flat, step=step, depth=depth, node=node, nodes=len(index))
+
+
+def rows(segs: Segments, trie: Trie, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Row of each encoded step, each row's distinct tokens, and the splits. A group's
+    segments (learner/batching.py: a trajectory's steps that extend each other, one path
+    of the trie) join its current row, in (trajectory, step) order, while the row's
+    distinct nodes stay within `budget` (a segment alone may exceed it). A segment is
+    never split, so a row never holds more tokens than its segments would."""
+    bounds = np.r_[0, np.flatnonzero(np.diff(trie.step)) + 1, len(trie.step)]
+    lo = np.zeros(len(segs.segment), dtype=np.int64)
+    lo[trie.step[bounds[:-1]]] = bounds[:-1]
+    hi = lo.copy()
+    hi[trie.step[bounds[:-1]]] = bounds[1:]
+    stamp = np.full(trie.nodes, -1)
+    row_of_segment = np.zeros(len(segs.last), dtype=np.int64)
+    sizes, row, group, splits = [], -1, None, 0
+    for s, last in enumerate(segs.last):
+        nodes = trie.node[lo[last] : hi[last]]  # the segment's path: its last step's
+        if segs.group[last] != group:
+            row, group = row + 1, segs.group[last]
+            sizes.append(0)
+        new = int(np.count_nonzero(stamp[nodes] != row))
+        if sizes[-1] and sizes[-1] + new > budget:
+            row, new, splits = row + 1, len(nodes), splits + 1
+            sizes.append(0)
+        stamp[nodes] = row
+        sizes[-1] += new
+        row_of_segment[s] = row
+    row_of = np.where(segs.segment >= 0, row_of_segment[segs.segment], -1)
+    return row_of, np.asarray(sizes, dtype=np.int64), splits
+
+
+def _ancestors(b: int, width: int, r, c, parent_c, depth) -> np.ndarray:
+    """[b, T, T] node i attends to j iff j is i or an ancestor (a parent's row plus
+    itself, depth by depth); padding columns attend to themselves only."""
+    mask = np.zeros((b, width, width), dtype=bool)
+    mask[:, np.arange(width), np.arange(width)] = True
+    order = np.argsort(depth, kind="stable")
+    cuts = np.flatnonzero(np.diff(depth[order])) + 1
+    for idx in np.split(order, cuts):
+        if depth[idx[0]] > 0:
+            mask[r[idx], c[idx]] = mask[r[idx], parent_c[idx]]
+            mask[r[idx], c[idx], c[idx]] = True
+    return mask
+
+
+def collate(
+    segs: Segments, trie: Trie, row_of: np.ndarray, chosen: np.ndarray, version: int, pad_id: int
+) -> MicroBatch:
+    """Tensors for trie rows `chosen` and every action in them (see the module doc)."""
+    b = len(chosen)
+    here = np.full(int(row_of.max(initial=-1)) + 2, -1)  # row → index here; −1 (last): none
+    here[chosen] = np.arange(b)
+    sel = np.flatnonzero(here[row_of[trie.step]] >= 0)  # whole steps, in order
+    r_tok = here[row_of[trie.step[sel]]]
+    pairs, first, inv = np.unique(
+        r_tok * trie.nodes + trie.node[sel], return_index=True, return_inverse=True
+    )
+    r = pairs // trie.nodes
+    c = np.arange(len(pairs)) - np.searchsorted(r, r)  # nodes by id: by depth within a row
+    col = c[inv.reshape(-1)]  # column of each selected token
+    depth = trie.depth[sel]
+    parent_c = np.full(len(pairs), -1)
+    deep = np.flatnonzero(depth > 0)
+    parent_c[inv.reshape(-1)[deep]] = col[deep - 1]
+    lengths = np.bincount(r, minlength=b)
+    width = max(int(lengths.max(initial=1)), 1)
+    ids = np.full((b, width), pad_id, dtype=np.int64)
+    ids[r, c] = segs.tokens[trie.flat[sel][first]]
+    positions = np.zeros((b, width), dtype=np.int64)
+    positions[r, c] = depth[first]
+
+    steps = np.unique(trie.step[sel])
+    step_first = np.searchsorted(trie.step[sel], steps)  # a step's first token, in `sel`
+    act, j, read, fields = action_tensors(segs, steps, version)
+    at = step_first[act] + segs.prompt_len[steps][act] + j  # the action token, in `sel`
+    at = at[read]
+    return MicroBatch(
+        input_ids=torch.from_numpy(ids),
+        attention_mask=torch.from_numpy(np.arange(width)[None, :] < lengths[:, None]).long(),
+        position_ids=torch.from_numpy(positions),
+        token_rows=torch.from_numpy(r_tok[at]),
+        token_cols=torch.from_numpy(col[at - 1]),  # the node of the prefix before it
+        token_targets=torch.from_numpy(segs.tokens[trie.flat[sel][at]].astype(np.int64)),
+        tree_mask=torch.from_numpy(_ancestors(b, width, r, c, parent_c, depth[first])),
+        **fields,
+    )
+
+
+def plan(
+    table: pa.Table,
+    *,
+    version: int,
+    pad_id: int,
+    max_positions: int,
+    budget: int,
+    token_mean: bool,
+    merge: bool = True,
+) -> tuple[list[MicroBatch], TrieStats]:
+    """Micro-batches of `table`'s prefix-trie rows, weighted as `batching.plan` weighs
+    segments, and what the trie saved against the segments of `merge`."""
+    segs = segment(table, max_positions, merge)
+    trie = build(segs)
+    row_of, sizes, splits = rows(segs, trie, budget)
+    batches = [collate(segs, trie, row_of, idx, version, pad_id) for idx in bucket(sizes, budget)]
+    weigh(batches, token_mean)
+    stats = TrieStats(
+        segment_tokens=int(segs.lengths.sum()),
+        tokens=int(sizes.sum()),
+        distinct=trie.nodes,
+        splits=splits,
+    )
+    return batches, stats
