@@ -25,6 +25,10 @@ class SamplingConfig(Config):
     """Longest reply, in tokens, for one turn of a native environment (agents: max_reply_tokens)."""
     batch_size: int = Field(16, ge=1, le=4096)
     """Prompts generated together in one forward batch."""
+    cpu_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Weights and compute of the transformers backend on a CPU (on a GPU it is always bf16):
+    fp32, or bf16, faster on CPUs with bfloat16 instructions (AVX512-BF16, AMX), at bf16's
+    precision in the recorded log-probs (benchmarks/RESULTS.md, "A language model learns")."""
     max_prompt_tokens: int | None = Field(None, ge=16, le=1_048_576)
     """Longest prompt; default: the model's context less max_new_tokens. A native prompt
     past it drops whole oldest turns; an agent's call past it gets a 400."""

@@ -71,7 +71,8 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
 
 
 class HFPolicy:
-    """A Hugging Face causal LM loaded from a local folder (CPU float32, CUDA bfloat16)."""
+    """A Hugging Face causal LM loaded from a local folder (CPU float32 unless
+    `sampling.cpu_dtype` says bf16; CUDA bfloat16)."""
 
     # A reply is one command and ends with its line; agents' replies span lines (the actor
     # turns this off for environments whose `stop_strings` are empty: envs/agent.py).
@@ -94,7 +95,8 @@ class HFPolicy:
         share = gpu_memory_share()  # set by `gagpo run` on a GPU it shares (workflows/layout.py)
         if self.device.type == "cuda" and share is not None and share < 1.0:
             torch.cuda.set_per_process_memory_fraction(share, self.device)
-        self.dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        cpu_bf16 = self.sampling.cpu_dtype == "bf16"
+        self.dtype = torch.float32 if self.device.type == "cpu" and not cpu_bf16 else torch.bfloat16
 
         self.tokenizer = load_chat_tokenizer(model_dir)
         with quiet_transformers():
