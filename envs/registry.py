@@ -141,6 +141,9 @@ def _check_options(
         raise GagpoError(
             f"environment {name!r} takes no option {unknown[0]!r}; accepted: {', '.join(accepted) or 'none'}"
         )
+    from gagpo.envs.option_types import check_option_types
+
+    check_option_types(name, init, options)  # `sizes = 'x'`: one line, not the game's TypeError
 
 
 def _load_plugin(name: str, ep: EntryPoint) -> object:

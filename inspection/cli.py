@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from gagpo.inspection.arguments import DEFAULT_TIMEOUT_S, check_store_root, timeout_problem
 from gagpo.schemas.cli import OneLineCommand
 from gagpo.schemas.errors import GagpoError
 
@@ -33,8 +34,7 @@ def _store_option(func):
 
 
 class _Seconds(click.ParamType):
-    """A finite number of seconds in [0, 10⁷] (nan, inf and 1e300 are no time limit a
-    timer can keep)."""
+    """A query time limit in seconds, as inspection/arguments.py bounds it."""
 
     name = "seconds"
 
@@ -43,12 +43,10 @@ class _Seconds(click.ParamType):
             seconds = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not 0.0 <= seconds <= MAX_TIMEOUT_S:  # False for nan
-            self.fail(f"{value!r} is not in the range 0<=x<={MAX_TIMEOUT_S:g}", param, ctx)
+        problem = timeout_problem(seconds)
+        if problem is not None:
+            self.fail(f"{value!r} {problem}", param, ctx)
         return seconds
-
-
-MAX_TIMEOUT_S = 1e7  # 115 days: longer is no limit, which 0 says
 
 
 def gamma_option(func):
@@ -75,7 +73,7 @@ def limit_options(func):
         "--timeout",
         "timeout_s",
         type=_Seconds(),
-        default=300.0,
+        default=DEFAULT_TIMEOUT_S,
         show_default=True,
         metavar="SECONDS",
         help="Stop a query that runs longer than this (0: no limit).",
@@ -160,6 +158,7 @@ def sql_command(
         raise GagpoError("--format parquet needs --out FILE; accepted: --out result.parquet")
     if out is not None:
         _check_out(out)
+    check_store_root(store_url)
     from gagpo.inspection.sql import Limits, close_store_db, open_store_db, query_store
 
     limits = Limits(timeout_s=timeout_s, memory_limit=memory_limit)
@@ -263,6 +262,7 @@ def _check_store_holds_data(url: str) -> None:
     from gagpo.schemas import layout
     from gagpo.storage.store import LEARNER, POLICY, SHARDS, Store
 
+    check_store_root(url)
     store = Store(url)
     if not store.exists(store.root):
         raise GagpoError(f"store {url!r} does not exist; accepted: an existing store root")

@@ -22,19 +22,21 @@ makes a read of it fail, and opening again reads the store as it stands.
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import TYPE_CHECKING
 
+from gagpo.inspection.arguments import (
+    DEFAULT_TIMEOUT_S,
+    MAX_TIMEOUT_S,
+    check_gamma,
+    check_store_root,
+    timeout_problem,
+)
 from gagpo.inspection.sql import DEFAULT_GAMMA
 from gagpo.schemas.errors import GagpoError, describe
 
 if TYPE_CHECKING:
     import polars as pl
-
-# `gagpo sql`'s defaults: --gamma (inspection/sql.py), --timeout (inspection/cli.py).
-DEFAULT_TIMEOUT_S = 300.0
-MAX_TIMEOUT_S = 1e7
 
 
 def open_store(
@@ -75,7 +77,7 @@ class StoreReader:
     ) -> None:
         from gagpo.inspection.sql import Limits, open_store_db
 
-        _check_arguments(url, as_of_update, timeout_s)
+        _check_arguments(url, as_of_update, timeout_s, gamma)
         self.url = url
         self.as_of_update = as_of_update
         self.limits = Limits(timeout_s=float(timeout_s), memory_limit=memory_limit)
@@ -180,8 +182,9 @@ class StoreReader:
         return self._con
 
 
-def _check_arguments(url: object, as_of_update: object, timeout_s: object) -> None:
-    """One line for a value `gagpo sql`'s options would refuse (click checks them there)."""
+def _check_arguments(url: object, as_of_update: object, timeout_s: object, gamma: object) -> None:
+    """One line for a value `gagpo sql`'s options would refuse (click checks them there,
+    against the same bounds: inspection/arguments.py)."""
     if not isinstance(url, str) or not url.strip():
         raise GagpoError(
             f"store URL {url!r} is not a path; accepted: a local path or an fsspec URL such "
@@ -193,13 +196,10 @@ def _check_arguments(url: object, as_of_update: object, timeout_s: object) -> No
         raise GagpoError(
             f"as_of_update={as_of_update!r} is not an update; accepted: None or an integer ≥ 0"
         )
-    if (
-        isinstance(timeout_s, bool)
-        or not isinstance(timeout_s, int | float)
-        or not math.isfinite(timeout_s)
-        or not 0 <= timeout_s <= MAX_TIMEOUT_S
-    ):
+    if timeout_problem(timeout_s) is not None:
         raise GagpoError(
             f"timeout_s={timeout_s!r} is not a time limit; accepted: seconds in "
             f"[0, {MAX_TIMEOUT_S:g}] (0: none)"
         )
+    check_gamma(gamma)
+    check_store_root(url)

@@ -17,6 +17,7 @@ archive, a follow-mode learner reads only the inbox.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ from gagpo.learner.config import CompactionSettings
 from gagpo.schemas import columns as C
 from gagpo.schemas.cli import OneLineCommand, run_cli
 from gagpo.schemas.cli_models import ModelOptions
+from gagpo.schemas.config import RUN_ID_PATTERN
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.archive import read_ledger, tail_ledger_path
 from gagpo.storage.compaction import CompactionResult, compact
@@ -168,6 +170,12 @@ def compact_store(
     """What `gagpo compact` does: take the lease, choose the shards, compact them."""
     from gagpo.learner.lease import acquire, check_lease
 
+    if run_id is not None and not re.fullmatch(RUN_ID_PATTERN, run_id):
+        # '' would list every run's shards: "only this run" must name one
+        raise GagpoError(
+            f"--run {run_id!r} is not a run id; accepted: a run id as gagpo-actors names it "
+            "(letters, digits, '_', '.', '-'; at most 64), or no --run for every run"
+        )
     store = Store(url)
     if not store.exists(store.root):
         raise GagpoError(f"store {url!r} does not exist; accepted: an existing store root")

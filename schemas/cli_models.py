@@ -149,6 +149,8 @@ class Setting:
     def metavar(self) -> str | None:
         if self.kind == "list":
             item = (typing.get_args(self.annotation) or (str,))[0]
+            if typing.get_origin(item) is typing.Annotated:  # bounded items (adam_betas)
+                item = typing.get_args(item)[0]
             values = _literals(item)
             name = "|".join(map(str, values)) if values else _METAVARS.get(item, "TEXT")
             return f"{name}[,...]"

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 
+from gagpo.schemas import bounded_toml
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import set_dotted
 
@@ -70,25 +71,21 @@ def describe_problem(problem: dict[str, Any], prefix: str = "") -> str:
 
 
 def read_toml(path: str | Path, section: str | None = None) -> dict[str, Any]:
-    """Read a TOML file; with `section`, that table (or the whole file if it has none)."""
+    """Read a TOML file, within the bounds of schemas/bounded_toml.py (a regular file of at
+    most 1 MiB, nested at most 32 deep); with `section`, that table (or the whole file if it
+    has none)."""
     path = Path(path)
+    what = f"config file {str(path)!r}"
     try:
-        data = tomllib.loads(path.read_text())
+        data = bounded_toml.loads(bounded_toml.read_text(path, what), what)
     except FileNotFoundError:
+        raise GagpoError(f"{what} does not exist; accepted: a TOML file") from None
+    except OSError as exc:  # permissions, a path through a file, ...
         raise GagpoError(
-            f"config file {str(path)!r} does not exist; accepted: a TOML file"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise GagpoError(
-            f"config file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
-            "accepted: a TOML file"
-        ) from None
-    except (IsADirectoryError, PermissionError) as exc:
-        raise GagpoError(
-            f"config file {str(path)!r} cannot be read ({exc.strerror}); accepted: a readable TOML file"
+            f"{what} cannot be read ({exc.strerror or exc}); accepted: a readable TOML file"
         ) from None
     except tomllib.TOMLDecodeError as exc:
-        raise GagpoError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        raise GagpoError(f"{what} is not valid TOML: {exc}") from None
     if section and isinstance(data.get(section), dict):
         return data[section]
     return data

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from gagpo.schemas import bounded_toml
 from gagpo.schemas.errors import GagpoError
 
 
@@ -34,11 +35,17 @@ def set_help(*examples: str, tables: tuple[str, ...] = (), over: str = "--config
 
 
 def parse_value(raw: str) -> Any:
-    """A TOML value (`0.1`, `true`, `[1, 2]`, `"x"`), else the text itself."""
+    """A TOML value (`0.1`, `true`, `[1, 2]`, `"x"`), else the text itself; one GagpoError
+    line for a value nested deeper than schemas/bounded_toml.py allows."""
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
+        return bounded_toml.loads(f"v = {raw}", f"the value {_shown(raw)}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+
+
+def _shown(raw: str, most: int = 60) -> str:
+    """`raw` quoted for an error line, cut to `most` characters."""
+    return repr(raw) if len(raw) <= most else repr(raw[:most]) + "…"
 
 
 def nested_models(annotation: Any) -> list[type[BaseModel]] | None:

@@ -7,7 +7,12 @@ line naming the recipe and the table (`with --set` when that table was overridde
 rules that span tables are `Recipe`'s own:
 
 - one store: the actors write where the learner reads (`gagpo run --store`); a table of
-  the file that names another store is refused, where the flag used to override it unseen;
+  the file that names another store is refused, and so is `--set actors.store=…`;
+- one policy: the learner trains the policy the actors play, so a [learner] policy other
+  than the [actors] one (a default included) is refused;
+- nothing said that the run does not do: the settings `gagpo run` gives each process
+  itself (`RUN_OWNED`: the store, the actors' run id, `follow`, `groups`) are refused in a
+  `--set`, and in the file where they would be overridden unseen;
 - the warm start inherits what shapes the prompts (environment and its options, policy,
   turn limit, history window, prompt budget) from the [actors] table as overridden, unless
   its own table sets them, so demonstrations are tokenized as the RL actors present prompts.
@@ -88,6 +93,16 @@ TABLES: dict[str, type[Config]] = {
 REQUIRED_TABLES = ("run", "actors", "learner")  # and optionally [warmstart]
 SET_TABLES = REQUIRED_TABLES  # the tables `--set TABLE.KEY=VALUE` reaches
 SHARED_STORE = ("actors", "learner")  # the tables that get the run's store
+_STORE = "gagpo run --store gives the actors and the learner their store"
+# (table, key) -> why the run does not use a value of it: it gives the processes their own.
+RUN_OWNED: dict[tuple[str, str], str] = {
+    ("actors", "store"): _STORE,
+    ("learner", "store"): _STORE,
+    ("actors", "run_id"): "gagpo run names its actors' run itself (a new id per run)",
+    ("actors", "follow"): "gagpo run's actors always follow the learner's versions",
+    ("actors", "groups"): "gagpo run's actors play until the learner has made [learner] "
+    "updates (set those instead)",
+}
 
 
 def prompt_shape(actors: ActorConfig) -> dict[str, Any]:
@@ -123,6 +138,19 @@ class Recipe(Config):
         if not isinstance(table, dict) or actors is None:
             return table
         return {**prompt_shape(actors), **table}
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> Recipe:
+        # The learner starts from the version 0 the actors publish: another base policy
+        # would be logged as trained while the actors' weights are.
+        if self.learner.policy != self.actors.policy:
+            unset = "" if "policy" in self.learner.model_fields_set else " (the default)"
+            raise GagpoError(
+                f"the actors play policy {self.actors.policy!r} but the learner's is "
+                f"{self.learner.policy!r}{unset}; accepted: the same policy in [actors] and "
+                "[learner] (a warm start then replaces both)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_store(self) -> Recipe:
@@ -165,9 +193,17 @@ def load_recipe(
     where = f"recipe {str(path)!r}"
     data = read_toml(path)
     check_tables(data, where)
+    check_run_owned(data, where)
     check_as_written(data, where)
     by_table = split_sections(sets, SET_TABLES)
     overrides = {table: parse_sets(items, TABLES[table]) for table, items in by_table.items()}
+    for table, values in overrides.items():
+        for key in values:
+            if (table, key) in RUN_OWNED:
+                raise GagpoError(
+                    f"--set {table}.{key}: gagpo run does not use it ({RUN_OWNED[table, key]}); "
+                    f"accepted: --set of any other key of [{table}]"
+                )
     if actors is not None:
         overrides["run"]["actors"] = actors  # the flag over a --set run.actors
     for table in SHARED_STORE:
@@ -198,6 +234,24 @@ def check_tables(data: dict[str, Any], where: str) -> None:
             f"{where} has no {_table(missing[0])} table; accepted: a recipe with the tables "
             "[run], [actors] and [learner] (and optionally [warmstart]), as the shipped ones "
             f"({shipped()})"
+        )
+
+
+def check_run_owned(data: dict[str, Any], where: str) -> None:
+    """A setting of the file that `gagpo run` would override unseen (`RUN_OWNED`): the
+    actors' run id or groups, or follow = false; a store is checked against the run's
+    (`_shared_store`)."""
+    actors = data["actors"]
+    for key in ("run_id", "groups"):
+        if key in actors:
+            raise GagpoError(
+                f"{where} [actors]: {key} = {actors[key]!r}, which gagpo run does not use "
+                f"({RUN_OWNED['actors', key]}); accepted: no {key} in a recipe"
+            )
+    if actors.get("follow", True) is not True:
+        raise GagpoError(
+            f"{where} [actors]: follow = {actors['follow']!r}, but {RUN_OWNED['actors', 'follow']}; "
+            "accepted: no follow in a recipe"
         )
 
 
