@@ -83,21 +83,31 @@ def _turn_labels(rollouts: list[list[tuple]]) -> list[list[str]]:
     ]
 
 
-def plot_credit_heatmap(runs: list[Run], path: Path, traj_ids: list[str]) -> bool:
-    """The first run holding the chosen rollouts (default: the first with advantages)."""
-    run = runs[0]
-    if traj_ids:
-        holders = [
-            r
-            for r in runs
-            if query_scalar(r.con, "SELECT count(*) FROM steps WHERE traj_id = ?", [traj_ids[0]])
-        ]
-        if not holders:
-            raise GagpoError(
-                f"--traj {traj_ids[0]!r} is not in the store; accepted: a traj_id of steps"
-            )
-        run = holders[0]
-    con = run.con
+_ROLLOUT = """
+SELECT s.step, s.reward::DOUBLE AS reward, s.state_key, s.action_text,
+       s.action_valid, a.estimator, a.value_proxy, a.td_residual, a.advantage
+FROM steps s
+LEFT JOIN advantages a ON a.traj_id = s.traj_id AND a.step = s.step
+     AND list_contains(?, a.estimator)
+WHERE s.traj_id = ? ORDER BY s.step
+"""
+
+
+def _holder(runs: list[Run], traj_ids: list[str]) -> Run:
+    """The first run holding the first chosen rollout (none chosen: the first run)."""
+    if not traj_ids:
+        return runs[0]
+    query = "SELECT count(*) FROM steps WHERE traj_id = ?"
+    holders = [r for r in runs if query_scalar(r.con, query, [traj_ids[0]])]
+    if not holders:
+        raise GagpoError(
+            f"--traj {traj_ids[0]!r} is not in the store; accepted: a traj_id of steps"
+        )
+    return holders[0]
+
+
+def _tags_and_rollouts(con, traj_ids: list[str]) -> tuple[list[str], list[str]]:
+    """The estimator tags shown (the primary first) and the rollouts, every one checked."""
     primary = _primary_estimator(con)
     others = [
         r["estimator"]
@@ -115,52 +125,56 @@ def plot_credit_heatmap(runs: list[Run], path: Path, traj_ids: list[str]) -> boo
     missing = [t for t in chosen if t not in known]
     if missing:
         raise GagpoError(f"--traj {missing[0]!r} is not in the store; accepted: a traj_id of steps")
-    chosen = chosen[:MAX_HEATMAP_TRAJS]
-    if not chosen:
-        return False
+    return tags, chosen[:MAX_HEATMAP_TRAJS]
+
+
+def _rollout_grid(con, traj: str, tags: list[str], width: int):
+    """One rollout: a turns × columns grid (reward, V̂ and δ of the primary tag, Â per
+    tag), its (turn, state, action, valid) rows and its title."""
     import numpy as np
 
-    short = _short_names(con, tags)
-    columns = ["reward", f"V̂ {short[primary]}", f"δ {short[primary]}"]
-    columns += [f"Â {short[tag]}" for tag in tags]
-    grids, labels, titles = [], [], []
-    for traj in chosen:
-        rows = query_rows(
-            con,
-            """
-            SELECT s.step, s.reward::DOUBLE AS reward, s.state_key, s.action_text,
-                   s.action_valid, a.estimator, a.value_proxy, a.td_residual, a.advantage
-            FROM steps s
-            LEFT JOIN advantages a ON a.traj_id = s.traj_id AND a.step = s.step
-                 AND list_contains(?, a.estimator)
-            WHERE s.traj_id = ? ORDER BY s.step
-            """,
-            [tags, traj],
-        )
-        turns = sorted({r["step"] for r in rows})
-        grid = np.full((len(turns), len(columns)), np.nan)
-        text = {}
-        for r in rows:
-            t = turns.index(r["step"])
-            grid[t, 0] = r["reward"]
-            text[t] = (r["state_key"], r["action_text"], r["action_valid"])
-            if r["estimator"] == primary:
-                grid[t, 1], grid[t, 2] = r["value_proxy"], r["td_residual"]
-            if r["estimator"] in tags:
-                grid[t, 3 + tags.index(r["estimator"])] = r["advantage"]
-        grids.append(grid)
-        labels.append([(turns[t], *text[t]) for t in range(len(turns))])
-        success = query_scalar(con, "SELECT success FROM trajectories WHERE traj_id = ?", [traj])
-        ret = query_scalar(con, 'SELECT "return" FROM trajectories WHERE traj_id = ?', [traj])
-        titles.append(f"{traj} — {'success' if success else 'failure'}, return {ret:.3g}")
+    rows = query_rows(con, _ROLLOUT, [tags, traj])
+    turns = sorted({r["step"] for r in rows})
+    grid = np.full((len(turns), width), np.nan)
+    text = {}
+    for r in rows:
+        t = turns.index(r["step"])
+        grid[t, 0] = r["reward"]
+        text[t] = (r["state_key"], r["action_text"], r["action_valid"])
+        if r["estimator"] == tags[0]:
+            grid[t, 1], grid[t, 2] = r["value_proxy"], r["td_residual"]
+        if r["estimator"] in tags:
+            grid[t, 3 + tags.index(r["estimator"])] = r["advantage"]
+    success = query_scalar(con, "SELECT success FROM trajectories WHERE traj_id = ?", [traj])
+    ret = query_scalar(con, 'SELECT "return" FROM trajectories WHERE traj_id = ?', [traj])
+    title = f"{traj} — {'success' if success else 'failure'}, return {ret:.3g}"
+    return grid, [(turns[t], *text[t]) for t in range(len(turns))], title
 
-    labels = _turn_labels(labels)
+
+def plot_credit_heatmap(runs: list[Run], path: Path, traj_ids: list[str]) -> bool:
+    """The first run holding the chosen rollouts (default: the first with advantages)."""
+    run = _holder(runs, traj_ids)
+    tags, chosen = _tags_and_rollouts(run.con, traj_ids)
+    if not chosen:
+        return False
+    short = _short_names(run.con, tags)
+    columns = ["reward", f"V̂ {short[tags[0]]}", f"δ {short[tags[0]]}"]
+    columns += [f"Â {short[tag]}" for tag in tags]
+    grids, labels, titles = zip(
+        *(_rollout_grid(run.con, traj, tags, len(columns)) for traj in chosen), strict=True
+    )
+    _draw_heatmap(list(grids), _turn_labels(list(labels)), list(titles), columns, run.label, path)
+    return True
+
+
+def _draw_heatmap(grids, labels, titles, columns, label: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
     # One colour scale for every cell: the largest |value| shown (rewards, values and
     # advantages are compared as they are, not rescaled per row).
     scale = max(float(np.nanmax(np.abs(g), initial=0.0)) for g in grids) or 1.0
     heights = [max(len(g), 1) for g in grids]
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(
         len(grids),
         1,
@@ -187,10 +201,9 @@ def plot_credit_heatmap(runs: list[Run], path: Path, traj_ids: list[str]) -> boo
                     )
     fig.colorbar(image, ax=[a[0] for a in axes], shrink=0.8, pad=0.01, label="value (one scale)")
     fig.suptitle(
-        f"Credit per turn ({run.label}) — row: turn: action | state (sK: K-th distinct "
+        f"Credit per turn ({label}) — row: turn: action | state (sK: K-th distinct "
         "state; ✗: invalid action)",
         fontsize=9,
     )
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
-    return True

@@ -116,6 +116,18 @@ def grouping_rows(con, extra: tuple[str, ...] = ()) -> list[dict]:
 
 
 def _run_summary(con) -> list[str]:
+    """One run's sections: data, versions, advantages, state grouping, learner, held out."""
+    return [
+        *_data_section(con),
+        *_versions_section(con),
+        *_advantages_section(con),
+        *_grouping_section(con),
+        *_learner_section(con),
+        *_heldout_section(con),
+    ]
+
+
+def _data_section(con) -> list[str]:
     totals = query_rows(con, _TOTALS)[0]
     lines = ["## Data", "", *_table([totals], list(totals))]
     per_env = query_rows(
@@ -130,8 +142,11 @@ def _run_summary(con) -> list[str]:
     )
     if per_env:
         lines += ["", *_table(per_env, list(per_env[0]))]
+    return lines
 
-    lines += ["", "## Policy versions", ""]
+
+def _versions_section(con) -> list[str]:
+    lines = ["", "## Policy versions", ""]
     versions = query_rows(
         con,
         "SELECT version, published, stored, is_latest, steps, trajectories, success_rate, "
@@ -139,8 +154,11 @@ def _run_summary(con) -> list[str]:
         "FROM policy_versions ORDER BY version DESC LIMIT 10",
     )
     lines += _table(versions, list(versions[0])) if versions else ["no policy versions yet"]
+    return lines
 
-    lines += ["", "## Advantages", ""]
+
+def _advantages_section(con) -> list[str]:
+    lines = ["", "## Advantages", ""]
     estimators = query_rows(
         con,
         """
@@ -152,9 +170,13 @@ def _run_summary(con) -> list[str]:
         GROUP BY ALL ORDER BY e.estimator
         """,
     )
-    lines += _table(estimators, list(estimators[0])) if estimators else ["no advantages yet"]
+    return lines + (
+        _table(estimators, list(estimators[0])) if estimators else ["no advantages yet"]
+    )
 
-    lines += [
+
+def _grouping_section(con) -> list[str]:
+    lines = [
         "",
         "## State grouping",
         "",
@@ -166,9 +188,11 @@ def _run_summary(con) -> list[str]:
         "",
     ]
     grouping = grouping_rows(con)
-    lines += _table(grouping, list(grouping[0])) if grouping else ["no steps yet"]
+    return lines + (_table(grouping, list(grouping[0])) if grouping else ["no steps yet"])
 
-    lines += ["", "## Learner", ""]
+
+def _learner_section(con) -> list[str]:
+    lines = ["", "## Learner", ""]
     learner = query_rows(
         con,
         """
@@ -181,28 +205,33 @@ def _run_summary(con) -> list[str]:
         FROM learner_metrics
         """,
     )[0]
-    lines += _table([learner], list(learner)) if learner["updates"] else ["no learner metrics yet"]
+    return lines + (
+        _table([learner], list(learner)) if learner["updates"] else ["no learner metrics yet"]
+    )
+
+
+def _heldout_section(con) -> list[str]:
     heldout = query_rows(con, "SELECT * FROM heldout")
-    if heldout:
-        for row in heldout:  # the 95 % Wilson interval of each success rate
-            row["ci_low"], row["ci_high"] = wilson(
-                row["success_rate"] * row["rollouts"], row["rollouts"]
-            )
-        first, last = heldout[0], heldout[-1]
-        change = change_line(
-            first["success_rate"], first["rollouts"], last["success_rate"], last["rollouts"]
+    if not heldout:
+        return []
+    for row in heldout:  # the 95 % Wilson interval of each success rate
+        row["ci_low"], row["ci_high"] = wilson(
+            row["success_rate"] * row["rollouts"], row["rollouts"]
         )
-        lines += [
-            "",
-            "## Held-out evaluation",
-            "",
-            "Every version below played the same held-out tasks (`gagpo run`, [run] eval_groups); "
-            "ci_low–ci_high: the 95 % Wilson interval of its success rate.",
-            "",
-            f"Held-out success v{first['policy_version']} → v{last['policy_version']}: "
-            f"{first['success_rate']:.1%} → {last['success_rate']:.1%}, {change} "
-            "(±: 95 % interval of the difference).",
-            "",
-            *_table(heldout, list(heldout[0])),
-        ]
-    return lines
+    first, last = heldout[0], heldout[-1]
+    change = change_line(
+        first["success_rate"], first["rollouts"], last["success_rate"], last["rollouts"]
+    )
+    return [
+        "",
+        "## Held-out evaluation",
+        "",
+        "Every version below played the same held-out tasks (`gagpo run`, [run] eval_groups); "
+        "ci_low–ci_high: the 95 % Wilson interval of its success rate.",
+        "",
+        f"Held-out success v{first['policy_version']} → v{last['policy_version']}: "
+        f"{first['success_rate']:.1%} → {last['success_rate']:.1%}, {change} "
+        "(±: 95 % interval of the difference).",
+        "",
+        *_table(heldout, list(heldout[0])),
+    ]
