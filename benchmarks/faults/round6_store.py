@@ -5,7 +5,9 @@ the round's confinement and now.
     python benchmarks/faults/round6_store.py                    # HEAD
 
 HEAD's tests run against a git worktree of the commit (as benchmarks/faults/round5.py does:
-a folder gagpo/ whose layers link into the worktree goes first on PYTHONPATH). The names the
+a folder gagpo/ whose layers link into the worktree goes first on PYTHONPATH; pytest runs
+outside the checkout with --import-mode=append, so the checkout's own gagpo/ does not
+shadow it). The names the
 tests import that did not exist yet are shimmed, so that every test runs and the old code's
 behaviour is what fails it: the bounds (layout.MAX_VERSION, delta.MAX_CHAIN and
 RECORD_MAX_BYTES) take today's values, and storage/policy_cache.py, which the old code did
@@ -80,9 +82,18 @@ def main() -> None:
             env["PYTHONPATH"] = os.pathsep.join([str(old_package(args.before, scratch)), str(ROOT)])
             plugin = ["-p", "round6_shims"]
         report = scratch / "report.xml"
+        # Run from the scratch folder, the checkout appended to sys.path (not prepended: its
+        # own gagpo/ would shadow the old package), so that `gagpo` is the commit's code.
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin]
-        command += ["-m", "", f"--junitxml={report}", TESTS]
-        subprocess.run(command, cwd=ROOT, env=env, capture_output=True)
+        command += [
+            "--import-mode=append",
+            "--rootdir",
+            str(ROOT),
+            "-c",
+            str(ROOT / "pyproject.toml"),
+        ]
+        command += ["-m", "", f"--junitxml={report}", str(ROOT / TESTS)]
+        subprocess.run(command, cwd=scratch, env=env, capture_output=True)
         rows = outcomes(report)
         if args.before:
             subprocess.run(
