@@ -362,8 +362,11 @@ def bench_vocab(args) -> list[dict]:
                 ],
                 capture_output=True,
                 text=True,
-                check=True,
             )
+            if run.returncode:  # killed (memory) or failed: said, and the table goes on
+                print(f"{path} at {n} tokens failed: {run.stderr[-300:]}", file=sys.stderr)
+                rows.append({"path": path, "tokens": n, "peak_mb": None, "s": None})
+                continue
             rows.append(json.loads(run.stdout.strip().splitlines()[-1]))
     return rows
 
@@ -379,10 +382,128 @@ def print_vocab(args, rows: list[dict]) -> None:
     by = {(r["path"], r["tokens"]): r for r in rows}
     for n in args.vocab_tokens:
         f, c = by.get(("full", n)), by.get(("chunked", n))
-        fm = f"{f['peak_mb']:,.0f}" if f and f["peak_mb"] is not None else "not run (memory)"
+        fm = f"{f['peak_mb']:,.0f}" if f and f["peak_mb"] is not None else "not run / failed"
         fs = f"{f['s']:.1f}" if f and f["s"] is not None else "–"
         ratio = f"{f['peak_mb'] / c['peak_mb']:.1f}×" if f and f["peak_mb"] else "–"
         print(f"| {n:,} | {fm} | {fs} | {c['peak_mb']:,.0f} | {c['s']:.1f} | {ratio} |")
+
+
+def alfworld_table(args) -> pa.Table:
+    """ALFWorld steps as the issue measured them: the tiny policy, 2 groups × 8 rollouts of
+    15 turns, history window 2 (gagpo-actors into a temporary store unless --trie-store
+    names one), with random advantages (they change no token count or time)."""
+    import glob
+    import subprocess
+
+    import pyarrow.parquet as pq
+
+    from gagpo.learner.feed import BATCH_COLUMNS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = args.trie_store or str(Path(tmp) / "store")
+        if not args.trie_store:
+            command = [sys.executable, "-m", "gagpo.actors.cli", "--quiet", "--store", store]
+            command += ["--env", "alfworld", "--policy", "tiny", "--groups", "2"]
+            command += ["--group-size", "8", "--max-turns", "15", "--history-window", "2"]
+            subprocess.run([*command, "--run-id", "r", "--seed", "0"], check=True)
+        steps = pq.read_table(sorted(glob.glob(f"{store}/shards/*/*.parquet")))
+    rng = np.random.default_rng(0)
+    steps = steps.append_column(C.ADVANTAGE, pa.array(rng.normal(size=steps.num_rows)))
+    return steps.select(list(BATCH_COLUMNS))
+
+
+def trie_scenarios(args) -> dict[str, pa.Table]:
+    from tests.helpers.shared_prefix import shared_batch
+
+    agent = dict(system=(1500, 1500), observation=(40, 200), action=(15, 60))
+    return {
+        "ALFWorld, 2 × 8 × 15 turns, window 2": alfworld_table(args),
+        "tool agent, 2 × 8 × 5 turns, 1.5k-token system prompt": shared_batch(
+            groups=2, group_size=8, turns=5, choices=1 << 30, vocab=args.vocab, **agent
+        ),
+        "no shared state, 2 × 8 × 10 turns": full_history_batch(
+            groups=2,
+            group_size=8,
+            turns=10,
+            vocab=args.vocab,
+            system=200,
+            observation=(20, 60),
+            action=(5, 20),
+        ),
+    }
+
+
+def bench_trie(args, folder: Path) -> list[dict]:
+    """Per scenario: tokens encoded by segments and by the tries against the tries'
+    distinct prefixes, the planning time of each, and the update time of each
+    (alternating, medians; one optimiser per side, the first update a warm-up)."""
+    from gagpo.learner import trie
+
+    base = load_model(folder, torch.device("cpu")).train()
+    d = Dist(0, 1, torch.device("cpu"))
+    sides = {}
+    for tree in (False, True):
+        cfg = LearnerConfig(
+            store="unused",
+            policy=str(folder),
+            micro_batch_tokens=args.micro_batch_tokens,
+            batch_groups=2,
+            lr=1e-6,
+            prefix_trie=tree,
+        )
+        sides[tree] = (cfg, *make_optimizer(base, cfg))
+    rows = []
+    kw = dict(version=1, pad_id=0, max_positions=4096, budget=args.micro_batch_tokens)
+    for k, (name, table) in enumerate(trie_scenarios(args).items()):
+        start = time.perf_counter()
+        plan(table, token_mean=False, **kw)
+        plan_s = {False: time.perf_counter() - start}
+        start = time.perf_counter()
+        _, stats = trie.plan(table, token_mean=False, **kw)
+        plan_s[True] = time.perf_counter() - start
+        times = {False: [], True: []}
+        for rep in range(args.repeats + (k == 0)):
+            for tree, (cfg, optimizer, scheduler) in sides.items():  # alternating
+                start = time.perf_counter()
+                run_update(base, optimizer, scheduler, table, version=1, cfg=cfg, d=d, pad_id=0)
+                if rep or k:
+                    times[tree].append(time.perf_counter() - start)
+        med = {key: statistics.median(v) for key, v in times.items()}
+        rows.append(
+            {
+                "scenario": name,
+                "steps": table.num_rows,
+                "segment_tokens": stats.segment_tokens,
+                "trie_tokens": stats.tokens,
+                "distinct": stats.distinct,
+                "splits": stats.splits,
+                "plan_s": plan_s,
+                "update_s": med,
+            }
+        )
+    return rows
+
+
+def print_trie(args, rows: list[dict]) -> None:
+    print(
+        f"# learner prefix trie — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}; random Llama "
+        f"{args.layers} layers × {args.hidden}, micro-batch budget {args.micro_batch_tokens}, "
+        f"medians of {args.repeats}"
+    )
+    print(
+        "| scenario | steps | tokens: segments | trie | distinct prefixes | trie / distinct "
+        "| splits | plan s: segments | trie | update s: segments | trie | speed-up |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        u, p = r["update_s"], r["plan_s"]
+        print(
+            f"| {r['scenario']} | {r['steps']} | {r['segment_tokens']:,} | {r['trie_tokens']:,} "
+            f"| {r['distinct']:,} | {r['trie_tokens'] / r['distinct']:.3f}× | {r['splits']} "
+            f"| {p[False]:.3f} | {p[True]:.3f} | {u[False]:.2f} | {u[True]:.2f} "
+            f"| {u[False] / u[True]:.2f}× |"
+        )
 
 
 def main() -> None:
@@ -405,7 +526,12 @@ def main() -> None:
     parser.add_argument("--delay-shards", type=int, default=6)
     parser.add_argument("--delay-gap", type=float, default=1.5, help="seconds between two commits")
     parser.add_argument("--poll-interval", type=float, default=0.2)
-    parser.add_argument("--mode", choices=["throughput", "turns", "vocab"], default="throughput")
+    parser.add_argument(
+        "--mode", choices=["throughput", "turns", "vocab", "trie"], default="throughput"
+    )
+    parser.add_argument(
+        "--trie-store", help="--mode trie: a store holding the ALFWorld steps (default: play them)"
+    )
     vocab = parser.add_argument_group("--mode vocab")
     vocab.add_argument(
         "--vocab-tokens",
@@ -438,6 +564,15 @@ def main() -> None:
         return
     if args.mode == "vocab":
         print_vocab(args, bench_vocab(args))
+        return
+    if args.mode == "trie":
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = (
+                Path(args.policy)
+                if args.policy
+                else build_model(Path(tmp), args.vocab, args.hidden, args.layers)
+            )
+            print_trie(args, bench_trie(args, folder))
         return
     if args.mode == "turns":
         with tempfile.TemporaryDirectory() as tmp:

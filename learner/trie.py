@@ -144,17 +144,21 @@ def rows(segs: Segments, trie: Trie, budget: int) -> tuple[np.ndarray, np.ndarra
     return row_of, np.asarray(sizes, dtype=np.int64), splits
 
 
-def _ancestors(b: int, width: int, r, c, parent_c, depth) -> np.ndarray:
-    """[b, T, T] node i attends to j iff j is i or an ancestor (a parent's row plus
-    itself, depth by depth); padding columns attend to themselves only."""
-    mask = np.zeros((b, width, width), dtype=bool)
-    mask[:, np.arange(width), np.arange(width)] = True
-    order = np.argsort(depth, kind="stable")
-    cuts = np.flatnonzero(np.diff(depth[order])) + 1
-    for idx in np.split(order, cuts):
-        if depth[idx[0]] > 0:
-            mask[r[idx], c[idx]] = mask[r[idx], parent_c[idx]]
-            mask[r[idx], c[idx], c[idx]] = True
+def _ancestors(paths: np.ndarray, on: np.ndarray, lengths, depth, positions) -> torch.Tensor:
+    """[b, T, T] node i attends to j iff j is i or an ancestor of i: j lies on the path of
+    a step through i (`paths` [steps, T], `on` [nodes] such a step) at a depth ≤ i's.
+    A row's nodes are its first columns, in order; padding columns attend to themselves."""
+    b, width = positions.shape
+    mask = torch.zeros((b, width, width), dtype=torch.bool)
+    paths, on, depth = torch.from_numpy(paths), torch.from_numpy(on), torch.from_numpy(depth)
+    positions = torch.from_numpy(positions)
+    start = 0
+    for row, n in enumerate(lengths.tolist()):
+        nodes = slice(start, start + n)
+        mask[row, :n] = paths[on[nodes]] & (positions[row][None, :] <= depth[nodes][:, None])
+        pad = torch.arange(n, width)
+        mask[row, pad, pad] = True
+        start += n
     return mask
 
 
@@ -174,9 +178,6 @@ def collate(
     c = np.arange(len(pairs)) - np.searchsorted(r, r)  # nodes by id: by depth within a row
     col = c[inv.reshape(-1)]  # column of each selected token
     depth = trie.depth[sel]
-    parent_c = np.full(len(pairs), -1)
-    deep = np.flatnonzero(depth > 0)
-    parent_c[inv.reshape(-1)[deep]] = col[deep - 1]
     lengths = np.bincount(r, minlength=b)
     width = max(int(lengths.max(initial=1)), 1)
     ids = np.full((b, width), pad_id, dtype=np.int64)
@@ -186,6 +187,9 @@ def collate(
 
     steps = np.unique(trie.step[sel])
     step_first = np.searchsorted(trie.step[sel], steps)  # a step's first token, in `sel`
+    step_here = np.searchsorted(steps, trie.step[sel])  # each token's step, as 0…len(steps)
+    paths = np.zeros((len(steps), width), dtype=bool)
+    paths[step_here, col] = True  # each step's path, over its row's columns
     act, j, read, fields = action_tensors(segs, steps, version)
     at = step_first[act] + segs.prompt_len[steps][act] + j  # the action token, in `sel`
     at = at[read]
@@ -196,7 +200,7 @@ def collate(
         token_rows=torch.from_numpy(r_tok[at]),
         token_cols=torch.from_numpy(col[at - 1]),  # the node of the prefix before it
         token_targets=torch.from_numpy(segs.tokens[trie.flat[sel][at]].astype(np.int64)),
-        tree_mask=torch.from_numpy(_ancestors(b, width, r, c, parent_c, depth[first])),
+        tree_mask=_ancestors(paths, step_here[first], lengths, depth[first], positions),
         **fields,
     )
 
