@@ -11,7 +11,7 @@ import sys
 import click
 
 from gagpo.inspection.arguments import DEFAULT_TIMEOUT_S, check_store_root, timeout_problem
-from gagpo.schemas.cli import OneLineCommand
+from gagpo.schemas.cli import OneLineCommand, store_option
 from gagpo.schemas.errors import GagpoError
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -21,16 +21,6 @@ Enter SQL ending with ';'. Meta commands:
   .views   the views and their columns
   .help    this text
   .quit    leave (also .exit or end of input)"""
-
-
-def _store_option(func):
-    return click.option(
-        "--store",
-        "store_url",
-        required=True,
-        metavar="URL",
-        help="Store root: a local path or an fsspec URL (file://…, s3://…).",
-    )(func)
 
 
 class _Seconds(click.ParamType):
@@ -97,7 +87,7 @@ def _is_commented_query(arg: str) -> bool:
 
 
 @click.command("sql", cls=_SqlCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@_store_option
+@store_option()
 @click.argument("query", required=False)
 @click.option(
     "--format",
@@ -178,16 +168,7 @@ def sql_command(
 @click.command(
     "report", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]}
 )
-@click.option(
-    "--store",
-    "store_urls",
-    required=True,
-    multiple=True,
-    metavar="[LABEL=]URL",
-    help="Store root (local path or fsspec URL); repeat to compare runs on shared axes, "
-    "each optionally labelled (--store gagpo=runs/a --store grpo=runs/b). Default label: "
-    "the store folder's name.",
-)
+@store_option("store_urls", many=True)
 @click.option(
     "--out",
     type=click.Path(file_okay=False),

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from gagpo.learner.config import CompactionSettings
 from gagpo.schemas import columns as C
-from gagpo.schemas.cli import OneLineCommand, run_cli
+from gagpo.schemas.cli import OneLineCommand, run_cli, store_option
 from gagpo.schemas.cli_models import ModelOptions
 from gagpo.schemas.config import RUN_ID_PATTERN
 from gagpo.schemas.errors import GagpoError
@@ -250,13 +250,7 @@ _SEGMENT_OPTION = ModelOptions(CompactionSettings, skip=("every_updates", "min_m
 @click.command(
     "compact", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]}
 )
-@click.option(
-    "--store",
-    "store_url",
-    required=True,
-    metavar="URL",
-    help="Store root (local path or fsspec URL).",
-)
+@store_option()
 @click.option("--run", "run_id", metavar="ID", help="Only the shards of this run.")
 @click.option(
     "--all",

@@ -39,6 +39,28 @@ def config_option(table: str):
     )
 
 
+STORE_HELP = "Store root: a local path or an fsspec URL (file://…, s3://…)."
+STORES_HELP = (
+    "Store root (local path or fsspec URL); repeat to compare runs on shared axes, each "
+    "optionally labelled (--store gagpo=runs/a --store grpo=runs/b). Default label: the "
+    "store folder's name."
+)
+
+
+def store_option(dest: str = "store_url", *, many: bool = False, help: str | None = None):
+    """`--store`, required: one store root (`URL`, arriving as `dest`), or with `many` a
+    repeatable `[LABEL=]URL` (reports and views that compare runs); `help` replaces the
+    usual text where a command says more (gagpo run: the store both sides share)."""
+    return click.option(
+        "--store",
+        dest,
+        required=True,
+        multiple=many,
+        metavar="[LABEL=]URL" if many else "URL",
+        help=help or (STORES_HELP if many else STORE_HELP),
+    )
+
+
 def ray_option(help: str):
     """`--ray [ADDRESS]`: 'auto' or HOST:PORT joins a running Ray cluster, `--ray` alone
     means a local instance ("local"); the value arrives as `ray_address` (None: no Ray)."""

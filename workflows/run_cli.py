@@ -6,16 +6,12 @@ import sys
 
 import click
 
-from gagpo.schemas.cli import ray_option, set_option
+from gagpo.schemas.cli import ray_option, set_option, store_option
 from gagpo.workflows.recipes import shipped as shipped_recipes
 
 
 @click.command(name="run", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--store",
-    required=True,
-    help="Store root (local path or fsspec URL) shared by actors and learner.",
-)
+@store_option("store", help="Store root (local path or fsspec URL) shared by actors and learner.")
 @click.option(
     "--recipe",
     default="demo",
