@@ -142,6 +142,7 @@ class _Prompt:
     tools: tuple[dict, ...] | None
     text: str | None  # the template's rendering (None for a stand-in policy)
     budget: int | None = None  # an agent's reply budget (its max_tokens); None: native
+    starts: tuple[int | None, ...] = ()  # where its messages begin in `ids` (prompt_ids.py)
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,9 @@ class Rollouts:
                 self._refuse(r, refusal)
                 return None
             budget = r.chat.reply_budget(len(encoded.ids), self.policy)
-            return _Prompt(encoded.ids, tuple(messages), tools, encoded.text, budget)
+            return _Prompt(
+                encoded.ids, tuple(messages), tools, encoded.text, budget, encoded.starts
+            )
         messages = build_messages(
             r.group.instructions, r.history, r.observation, r.admissible, self.history_window
         )
@@ -328,8 +331,8 @@ class Rollouts:
             if fitted is None:
                 self._cut(r, len(encoded.ids), budget)
                 return None
-            messages, encoded = fitted, encode_prompt(self.policy, fitted)
-        return _Prompt(encoded.ids, tuple(messages), None, encoded.text)
+            messages, encoded = fitted, encode_prompt(self.policy, fitted, None, r.prior)
+        return _Prompt(encoded.ids, tuple(messages), None, encoded.text, None, encoded.starts)
 
     def _refuse(self, r: _Rollout, refusal: RequestError) -> None:
         """Answer an agent's call with `refusal` (its 400); no step is recorded."""
@@ -472,6 +475,7 @@ class Rollouts:
             tuple(prompt.ids),
             tuple(sample.token_ids),
             reply.answer,
+            prompt.starts,
         )
         if r.chat is None:  # the turn as its user message showed it (actors/prompts.py)
             r.history.append((user_turn(r.observation, r.admissible), sample.text))

@@ -49,7 +49,7 @@ def _return_block(gamma: float) -> int:
 # The drift audit (issues 38, 47). Step t's prompt should begin with step t-1's prompt_ids +
 # action_ids (`extends_previous`); where it does, the learner encodes both in one segment.
 # Where it does not, the step is a window slide (a history window dropped its oldest turn:
-# the previous prompt with one span cut after the shared prefix, the rest kept) or drift
+# the previous prompt with one span cut, the rest kept, then the previous action) or drift
 # (the reply did not survive the round trip through text and the template, a template
 # rendered earlier turns afresh, or an agent edited its history). The rules are those of
 # schemas/extends.py, in its SQL text. `shared_tokens` says how far the prompt follows the
@@ -63,6 +63,7 @@ PROMPT_DRIFT = f"""
         SELECT {C.RUN_ID}, {C.GROUP_ID}, {C.TRAJ_ID}, {C.STEP}, {C.ENV}, {C.POLICY_VERSION},
                {C.PROMPT_IDS} AS prompt,
                lag({C.PROMPT_IDS}) OVER trajectory AS previous_prompt,
+               lag({C.ACTION_IDS}) OVER trajectory AS previous_action,
                lag({C.PROMPT_IDS} || {C.ACTION_IDS}) OVER trajectory AS previous
         FROM steps
         WINDOW trajectory AS (PARTITION BY {", ".join(TRAJECTORY_KEY)} ORDER BY {C.STEP})

@@ -8,15 +8,18 @@ tokens the policy sampled are the tokens the next prompt holds.
 
 A step that does not extend is one of two kinds:
 
-- a **window slide**: the prompt is the previous prompt with one span removed right after
-  what the two share, the rest of the previous prompt kept whole and in place (`slides`).
-  That is what a history window that drops its oldest turn(s) writes (a native
-  environment's `history_window`, or turns dropped to fit the context), and what an
-  agent framework that trims its oldest messages writes. Nothing the policy saw was
-  rewritten: the step only starts a new segment.
-  A window that keeps no earlier turn (`history_window = 0`, or a current turn so long
-  that every earlier one is dropped) keeps nothing of the previous prompt to recognise:
-  its steps count as drift, as an agent that replaced its history with a new message.
+- a **window slide**: the prompt is the previous prompt with one span dropped, the rest
+  kept whole, followed by the previous action: `previous_prompt[:a] +
+  previous_prompt[b:] + previous_action` begins it, for some a < b < len(previous_prompt)
+  (`slides`). That is what a history window writes when it drops its oldest turn(s) (a
+  native environment's `history_window`, or turns dropped to fit the context), and what
+  an agent framework that trims its oldest messages writes; a window that dropped a turn
+  identical to the one it added (a model that repeats itself) included. Nothing the
+  policy saw was rewritten: the step only starts a new segment. A window that keeps no
+  earlier turn (`history_window = 0`, or a current turn so long that every earlier one is
+  dropped) keeps nothing of the previous prompt to recognise: its steps count as drift,
+  as an agent that replaced its history with a new message does. Read on tokens, a
+  conversation cut back to an earlier turn that got the same reply reads as a slide too.
 - **drift**: anything else. The reply did not survive the round trip through text and the
   chat template, a template rendered earlier turns differently (a reasoning template
   stripping old thoughts), or an agent edited its history.
@@ -58,19 +61,20 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def slides(
     prompt: Sequence[int], previous_prompt: Sequence[int], previous_action: Sequence[int]
 ) -> bool:
-    """Whether a prompt that does not extend the previous step is a window slide: with
-    s = the tokens it shares with the previous prompt, some s < b < len(previous_prompt)
-    has prompt[s : s + len - b] == previous_prompt[b:] (the span [s, b) removed, the rest
-    kept whole). False for a prompt that extends."""
+    """Whether a prompt that does not extend the previous step is a window slide (module
+    docstring). With s = the tokens it shares with the previous prompt P and A the previous
+    action: some 1 <= e < len(P) has prompt[e : e+len(A)] == A and the k = max(1, e - s)
+    tokens before e equal P's last k (then a = e - k, b = len(P) - k). False for a prompt
+    that extends."""
     if extends(prompt, previous_prompt, previous_action):
         return False
-    p, s = list(previous_prompt), shared_prefix(prompt, previous_prompt)
-    if s >= len(prompt):
-        return False
-    first = prompt[s]
-    return any(
-        p[b] == first and list(prompt[s : s + len(p) - b]) == p[b:] for b in range(s + 1, len(p))
-    )
+    q, p, a = list(prompt), list(previous_prompt), list(previous_action)
+    s = shared_prefix(q, p)
+    for e in range(1, min(len(p), len(q) - len(a) + 1)):
+        k = max(1, e - s)
+        if q[e : e + len(a)] == a and q[e - k : e] == p[len(p) - k :]:
+            return True
+    return False
 
 
 def kind(
@@ -111,9 +115,9 @@ def extends_rows(
     return out
 
 
-# -- the same rules in SQL (DuckDB), over columns `prompt`, `previous_prompt` and
-# `previous` (= previous_prompt || previous_action), with `shared` = the tokens `prompt`
-# shares with `previous_prompt`. `lambda x: …` is DuckDB's lambda from 1.3 on.
+# -- the same rules in SQL (DuckDB), over columns `prompt`, `previous_prompt`,
+# `previous_action` and `previous` (= previous_prompt || previous_action), with `shared` =
+# the tokens `prompt` shares with `previous_prompt`. `lambda x: …` is DuckDB's lambda from 1.3 on.
 EXTENDS_SQL = "(len(prompt) >= len(previous) AND prompt[1:len(previous)] = previous)"
 
 SHARED_SQL = """coalesce(
@@ -123,10 +127,11 @@ SHARED_SQL = """coalesce(
         true) - 1,
     least(len(prompt), len(previous_prompt)))"""
 
-# 1-based: the kept rest previous_prompt[b+1:] (0-based b, s < b < len) must sit at
-# prompt[s+1 : s + len - b]; candidates are filtered on their first token first.
-SLIDES_SQL = f"""(NOT {EXTENDS_SQL} AND shared < len(prompt) AND coalesce(list_bool_or(list_transform(
-    list_filter(range(shared + 1, len(previous_prompt)),
-                lambda b: previous_prompt[b + 1] = prompt[shared + 1]),
-    lambda b: prompt[shared + 1 : shared + len(previous_prompt) - b]
-              = previous_prompt[b + 1 : len(previous_prompt)])), false))"""
+# 1-based: the previous action at prompt[e+1 : e+len(A)], e (0-based) in [1, len(P)), and
+# the k = greatest(1, e - shared) tokens before it equal to P's last k.
+SLIDES_SQL = f"""(NOT {EXTENDS_SQL} AND coalesce(list_bool_or(list_transform(
+    list_filter(range(1, least(len(previous_prompt), len(prompt) - len(previous_action) + 1)),
+                lambda e: prompt[e + 1 : e + len(previous_action)] = previous_action),
+    lambda e: prompt[e - greatest(1, e - shared) + 1 : e]
+              = previous_prompt[len(previous_prompt) - greatest(1, e - shared) + 1
+                                : len(previous_prompt)])), false))"""

@@ -17,6 +17,12 @@ renders the messages afresh: the step starts a new segment (its prompt does not 
 The closing of an assistant turn is what the template writes after its content
 (`<|im_end|>\n` for ChatML). A reply that ended with the end-of-turn token already holds
 its first token; a reply cut by max_tokens or a stop sequence gets all of it.
+
+A history window that drops its oldest turn(s) (a native environment's `history_window`,
+or turns dropped to fit the context) keeps the ids of the turns it keeps: the prior
+prompt with those turns' ids cut out is extended as above (`_slide`), so a kept reply is
+never encoded again either. Where a message begins in a prompt's ids is tracked for that
+(`Encoded.starts`); a chat whose starts are not known is rendered afresh.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Prior:
     prompt: tuple[int, ...]  # its prompt_ids
     action: tuple[int, ...]  # its action_ids (the reply as sampled, cut as answered)
     reply: dict  # the assistant message the conversation holds for it
+    starts: tuple[int | None, ...] = ()  # per message: where it begins in `prompt` (below)
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,9 @@ class Encoded:
     ids: list[int]
     text: str | None
     extends: bool
+    # Per message of the chat: the index in `ids` where it begins, for the messages after
+    # the first that are not the assistant's (None where not known): where a window cuts.
+    starts: tuple[int | None, ...] = ()
 
 
 def render(tokenizer, messages: Sequence[dict], tools, *, generation: bool) -> str:
@@ -73,11 +83,49 @@ def encode_prompt(
     if not hasattr(tokenizer, "apply_chat_template"):  # a stand-in policy: its own ids
         return Encoded(list(policy.encode_chat(list(messages))), None, False)
     if prior is not None:
-        extended = _extend(tokenizer, prior, messages, tools)
+        extended = _extend(tokenizer, prior, messages, tools) or _slide(
+            tokenizer, prior, messages, tools
+        )
         if extended is not None:
             return extended
     text = render(tokenizer, messages, tools, generation=True)
-    return Encoded(text_ids(tokenizer, text), text, False)
+    ids = text_ids(tokenizer, text)
+    return Encoded(ids, text, False, _starts(tokenizer, messages, tools, text, ids))
+
+
+def _starts(tokenizer, messages: Sequence[dict], tools, text: str, ids: list[int]) -> tuple:
+    """Where each message after the first that is not the assistant's begins in the ids of
+    the template's `text` (None where its rendering up to there is not a prefix of them)."""
+    out: list[int | None] = [None]
+    for i in range(1, len(messages)):
+        if messages[i]["role"] == "assistant":
+            out.append(None)
+            continue
+        head = render(tokenizer, messages[:i], tools, generation=False)
+        head_ids = text_ids(tokenizer, head) if text.startswith(head) else None
+        fits = head_ids is not None and ids[: len(head_ids)] == head_ids
+        out.append(len(head_ids) if fits else None)  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _slide(tokenizer, prior: Prior, messages: Sequence[dict], tools) -> Encoded | None:
+    """The prior prompt with its k oldest turns after the first message cut out (their
+    ids, as recorded), then extended by `_extend`; None where `messages` are not the prior
+    chat less k such turns, its reply, and what follows, or the cut is not known."""
+    old, starts = prior.messages, prior.starts
+    if len(starts) != len(old) or len(old) < 2 or starts[1] is None:
+        return None
+    for cut in range(3, len(old), 2):  # the first message kept after the first one
+        kept = (old[0], *old[cut:])
+        if tuple(messages[: len(kept)]) != kept or starts[cut] is None:
+            continue
+        ids = (*prior.prompt[: starts[1]], *prior.prompt[starts[cut] :])
+        shift = starts[cut] - starts[1]
+        moved = (None, *(None if x is None else x - shift for x in starts[cut:]))
+        text = render(tokenizer, kept, tools, generation=True)
+        shorter = Prior(kept, prior.tools, text, ids, prior.action, prior.reply, moved)
+        return _extend(tokenizer, shorter, messages, tools)
+    return None
 
 
 def closing(tokenizer) -> str:
@@ -102,7 +150,13 @@ def _extend(tokenizer, prior: Prior, messages: Sequence[dict], tools) -> Encoded
     ):
         return None
     tail = text_ids(tokenizer, end + text[len(answered) :])
+    closed = len(text_ids(tokenizer, end))
     # A reply that ended with the end-of-turn token holds the closing's first token.
     if prior.action and tail[:1] == [prior.action[-1]] and tail[0] in tokenizer.all_special_ids:
-        tail = tail[1:]
-    return Encoded([*prior.prompt, *prior.action, *tail], text, True)
+        tail, closed = tail[1:], closed - 1
+    ids = [*prior.prompt, *prior.action, *tail]
+    # One new message (a native turn): it begins after the closing; more: not tracked.
+    after = len(prior.prompt) + len(prior.action) + closed
+    new = [after] if len(messages) == len(head) + 1 else [None] * (len(messages) - len(head))
+    starts = (*(prior.starts or (None,) * len(prior.messages)), None, *new)
+    return Encoded(ids, text, True, starts)

@@ -169,8 +169,8 @@ def brute_force() -> dict[tuple[str, int], tuple[bool | None, int | None, int | 
 
 def kinds() -> dict[tuple[str, int], str | None]:
     """(traj, step) -> "extends", "slide" or "drift" (None on a first step), read literally:
-    a slide is the previous prompt with the span [s, b) removed, s = the tokens the prompt
-    shares with it and s < b < its length, as a prefix of the prompt."""
+    a slide is the previous prompt P with a span [a, b) removed, a < b < len(P), then the
+    previous action, as a prefix of the prompt."""
     out: dict[tuple[str, int], str | None] = {}
     for _, conversations in GROUPS.values():
         for traj, turns in conversations.items():
@@ -180,10 +180,11 @@ def kinds() -> dict[tuple[str, int], str | None]:
                 if prompt[: len(before) + len(action)] == before + action:
                     out[(traj, t)] = "extends"
                     continue
-                s = 0
-                while s < min(len(prompt), len(before)) and prompt[s] == before[s]:
-                    s += 1
-                kept = [before[:s] + before[b:] for b in range(s + 1, len(before))]
-                slide = s < len(prompt) and any(prompt[: len(k)] == k for k in kept)
+                kept = [
+                    before[:a] + before[b:] + action
+                    for b in range(1, len(before))
+                    for a in range(b)
+                ]
+                slide = any(prompt[: len(k)] == k for k in kept)
                 out[(traj, t)] = "slide" if slide else "drift"
     return out
