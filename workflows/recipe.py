@@ -106,8 +106,10 @@ RUN_OWNED: dict[tuple[str, str], str] = {
 
 
 def prompt_shape(actors: ActorConfig) -> dict[str, Any]:
-    """What shapes the actors' prompts: the settings a warm start inherits from [actors]."""
-    return {
+    """What shapes the actors' prompts: the settings a warm start inherits from [actors].
+    A prompt budget the actors leave to the model (unset: its context less the reply) is
+    not inherited: the warm start keeps its own (WarmstartConfig.max_prompt_tokens)."""
+    shape = {
         "env": actors.env,
         "env_options": actors.env_options,
         "policy": actors.policy,
@@ -115,6 +117,7 @@ def prompt_shape(actors: ActorConfig) -> dict[str, Any]:
         "history_window": actors.history_window,
         "max_prompt_tokens": actors.sampling.max_prompt_tokens,
     }
+    return {key: value for key, value in shape.items() if value is not None}
 
 
 class Recipe(Config):
