@@ -124,6 +124,11 @@ def test_config_dev_zero_is_one_line(tmp_path: Path):
     assert_one_line(done, "'/dev/zero' is not a regular file", "accepted: a TOML file")
 
 
+def test_recipe_dev_zero_is_named_for_what_it_is(tmp_path: Path):
+    with pytest.raises(GagpoError, match="recipe '/dev/zero' is not a regular file"):
+        load_recipe("/dev/zero", str(tmp_path / "store"))
+
+
 def test_config_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path):
     fifo = tmp_path / "config.toml"
     os.mkfifo(fifo)

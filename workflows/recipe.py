@@ -175,9 +175,9 @@ def recipe_path(recipe: str | Path) -> Path:
     path = Path(recipe)
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
+            what = "is not a regular file" if path.exists() else "does not exist"
             raise GagpoError(
-                f"recipe {str(recipe)!r} does not exist; accepted: a TOML file or one of "
-                f"{shipped()}"
+                f"recipe {str(recipe)!r} {what}; accepted: a TOML file or one of {shipped()}"
             )
         return path
     shipped_file = resources.files("gagpo.workflows") / "recipes" / f"{recipe}.toml"
