@@ -7,9 +7,10 @@ of the pools it shows only: it never builds every pool's return statistics as th
 
 from __future__ import annotations
 
-from gagpo.inspection.view.data import StoreSession
+from typing import TYPE_CHECKING
 
-# --- the pools page --------------------------------------------------------------------
+if TYPE_CHECKING:  # data.py re-exports pools_view: no import back at run time
+    from gagpo.inspection.view.data import StoreSession
 
 
 # Groups without stored advantages, pooled exactly (as `state_pools` does, estimator NULL).
