@@ -180,6 +180,14 @@ def test_a_learner_policy_other_than_the_actors_is_refused(tmp_path: Path):
     assert both.learner.policy == both.actors.policy == "smollm2-135m"
 
 
+@pytest.mark.parametrize("table", ["actors", "learner"])
+def test_device_cpu_for_a_process_on_gpus_is_refused(tmp_path: Path, table: str):
+    """The run starts a process given GPUs on CUDA: a table saying cpu would be overridden."""
+    gpus = "run.actor_gpus=[0]" if table == "actors" else "run.learner_gpus=[0]"
+    with pytest.raises(GagpoError, match=rf"but {table}.device = 'cpu'; accepted: device"):
+        load_recipe(recipe(tmp_path), str(tmp_path / "store"), sets=[gpus, f"{table}.device='cpu'"])
+
+
 def test_the_run_dry_run_says_which_policy_in_one_line(tmp_path: Path):
     path = recipe(tmp_path, learner_extra='policy = "smollm2-135m"')
     done = cli(

@@ -12,7 +12,8 @@ rules that span tables are `Recipe`'s own:
   than the [actors] one (a default included) is refused;
 - nothing said that the run does not do: the settings `gagpo run` gives each process
   itself (`RUN_OWNED`: the store, the actors' run id, `follow`, `groups`) are refused in a
-  `--set`, and in the file where they would be overridden unseen;
+  `--set`, and in the file where they would be overridden unseen; so is device = "cpu"
+  for a process the run places on GPUs;
 - the warm start inherits what shapes the prompts (environment and its options, policy,
   turn limit, history window, prompt budget) from the [actors] table as overridden, unless
   its own table sets them, so demonstrations are tokenized as the RL actors present prompts.
@@ -153,6 +154,19 @@ class Recipe(Config):
                 f"{self.learner.policy!r}{unset}; accepted: the same policy in [actors] and "
                 "[learner] (a warm start then replaces both)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _gpus_not_cpu(self) -> Recipe:
+        # A process given GPUs is started on CUDA (workflows/layout.py): a table that says
+        # cpu would be overridden unseen.
+        for table, field in (("actors", "actor_gpus"), ("learner", "learner_gpus")):
+            gpus = getattr(self.run, field)
+            if gpus and getattr(self, table).device == "cpu":
+                raise GagpoError(
+                    f"run.{field} = {gpus} but {table}.device = 'cpu'; accepted: device = "
+                    f"'cuda' or 'auto' with run.{field}, or no run.{field}"
+                )
         return self
 
     @model_validator(mode="after")
