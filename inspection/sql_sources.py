@@ -25,7 +25,6 @@ from gagpo.storage.archive import (
     RESOLVE_ATTEMPTS,
     StepFiles,
     generation_of,
-    is_missing_file,
     read_manifest,
     step_files,
 )
@@ -149,9 +148,9 @@ def _with_footers(
     for path in paths:
         try:
             check(store.retrying(f"reading {path}", lambda p=path: _footer_schema(store, p)))
+        except FileNotFoundError:  # local and object stores alike (fsspec)
+            raise FileNotFoundError(f"No such file: {path} (moved by a compaction)") from None
         except (OSError, ValueError, pa.ArrowException, ValidationError) as exc:
-            if is_missing_file(exc):
-                raise FileNotFoundError(f"No such file: {path} (moved by a compaction)") from None
             skipped.append(f"{posixpath.relpath(path, store.root)} ({first_line(exc, 120)})")
             continue
         kept.append(path)
@@ -274,9 +273,7 @@ def step_sources(store: Store, filesystem) -> StepSources:
                 advantages_source(store, filesystem, files, paths=advantages),
                 estimators_table(store, files, paths=advantages),
             )
-        except (OSError, pa.ArrowException) as exc:
-            if not is_missing_file(exc):
-                raise
+        except FileNotFoundError:  # a footer read, or a dataset opened (pyarrow says so)
             continue
         if generation_of(read_manifest(store)) == generation_of(files.manifest):
             for line in warnings:
