@@ -1,6 +1,8 @@
 """The store's file layer: a root URL (local path or fsspec URL) that lists, reads and
 commits files, retries, and sweeps. What the files are called is schemas/layout.py's; the
-full layout is listed in docs/store.md ("Layout"). The policy registry (versions, LATEST,
+full layout is listed in docs/store.md ("Layout"). Which paths are the store's own is
+storage/confine.py's (Store inherits its checks); the fsspec file system under it, and
+the local writes a commit syncs, storage/backend.py's. The policy registry (versions, LATEST,
 publishing the base policy, fetching a version) sits beside it in storage/registry.py,
 reached as `store.policies`.
 
@@ -24,7 +26,6 @@ import json
 import math
 import os
 import posixpath
-import re
 import shutil
 import time
 import uuid
@@ -33,11 +34,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
-from fsspec.utils import glob_translate
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
@@ -63,6 +62,8 @@ from gagpo.schemas.layout import (  # noqa: F401  (names some modules still impo
     new_id,
 )
 from gagpo.schemas.validate import validate_steps
+from gagpo.storage.backend import escaped, fsync_dir, glob_below, mtime, open_fs, write_synced
+from gagpo.storage.confine import LINKED_FOLDER, Confined, OutsideStoreError  # noqa: F401
 from gagpo.storage.faults import fault_point
 from gagpo.storage.files import TEMP_PREFIX as _TEMP_PREFIX  # one temporary name
 from gagpo.storage.files import temporary_beside as _temporary_beside
@@ -98,14 +99,7 @@ def parquet_table(data: bytes, columns: list[str] | None = None) -> pa.Table:
     return parquet.read(columns=columns, use_threads=False)
 
 
-_LINKED_FOLDER = "lies in a folder reached through a symbolic link"
-
-
-class OutsideStoreError(GagpoError):
-    """A path that is not the store's own: outside its root, or through a symbolic link."""
-
-
-class Store:
+class Store(Confined):
     """A GAGPO store rooted at a local path or an fsspec URL."""
 
     def __init__(
@@ -124,7 +118,7 @@ class Store:
         self.temp_max_age_s = _temp_max_age() if temp_max_age_s is None else temp_max_age_s
         self._swept: dict[str, float] = {}  # folder -> when this process last swept it
         try:
-            self.fs, self.root = _open_fs(self.url, storage_options)
+            self.fs, self.root = open_fs(self.url, storage_options)
         except ImportError:
             raise GagpoError(
                 f"store URL {self.url!r} needs an fsspec backend that is not installed; "
@@ -184,11 +178,11 @@ class Store:
     def glob(self, pattern: str) -> list[str]:
         """Paths matching `pattern`, listed afresh (never from a directory cache), retried.
         The store's root in `pattern` is a path, not a pattern: a root holding `[`, `]`, `*`
-        or `?` names itself (`_glob_below`)."""
+        or `?` names itself (`glob_below`)."""
 
         def listing() -> list[str]:
             self.fs.invalidate_cache()
-            return _glob_below(self.fs, self.root, pattern)
+            return glob_below(self.fs, self.root, pattern)
 
         return self.retrying(f"listing {pattern}", listing)
 
@@ -210,49 +204,6 @@ class Store:
             return self.fs.exists(path)
 
         return self.retrying(f"checking {path}", probe)
-
-    # --- confinement: the store's own files only -----------------------------------------
-    def confine(self, paths: list[str], what: str, *, link_ok: bool = False) -> None:
-        """Refuse, with one line (OutsideStoreError), unless every one of `paths` is a file
-        of this store: under its root once `..` is resolved and, on a local store, reached
-        through no symbolic link (neither a folder on the way nor, unless `link_ok`, the
-        file itself). Reads, commits and removals of paths built from data (manifests,
-        moved lists, ledgers) go through here, so a hostile entry never reaches outside."""
-        real_root = os.path.realpath(self.root) if self.is_local else ""
-        folders: dict[str, bool] = {}  # folder → reached without a link (one check per folder)
-        for path in paths:
-            why = self._outside(path, real_root, folders, link_ok)
-            if why is not None:
-                shown = path if len(path) <= 120 else f"{path[:120]}…"
-                raise OutsideStoreError(
-                    f"store {self.url}: {what}: {shown!r} {why}; refused: a store reads, "
-                    "writes and removes only its own files, under its root and never "
-                    "through a symbolic link"
-                )
-
-    def is_own(self, path: str) -> bool:
-        """Whether `path` is a file of this store (`confine` would let it through)."""
-        real_root = os.path.realpath(self.root) if self.is_local else ""
-        return self._outside(path, real_root, {}, False) is None
-
-    def _outside(self, path: str, real_root: str, folders: dict, link_ok: bool) -> str | None:
-        """Why `path` is not the store's own (see `confine`); None when it is."""
-        if not isinstance(path, str) or not path or "\0" in path:
-            return "is no path"
-        relative = posixpath.relpath(posixpath.normpath(path), self.root)
-        if relative == ".." or relative.startswith("../") or posixpath.isabs(relative):
-            return "is outside the store"
-        if not self.is_local:
-            return None  # object stores have keys, no links
-        folder = posixpath.dirname(relative)
-        if folder not in folders:
-            expected = posixpath.normpath(posixpath.join(real_root, folder))
-            folders[folder] = os.path.realpath(posixpath.join(self.root, folder)) == expected
-        if not folders[folder]:
-            return _LINKED_FOLDER
-        if not link_ok and relative != "." and os.path.islink(path):
-            return "is a symbolic link"
-        return None
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
         """Delete `path` (a folder and its files with `recursive`), retried; a path that is
@@ -311,7 +262,7 @@ class Store:
         """Copy folder `remote_dir` of the store to `local_dir`, retried."""
         self.retrying(
             f"downloading {remote_dir}",
-            lambda: self.fs.get(_escaped(remote_dir.rstrip("/")) + "/", local_dir, recursive=True),
+            lambda: self.fs.get(escaped(remote_dir.rstrip("/")) + "/", local_dir, recursive=True),
         )
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
@@ -356,7 +307,7 @@ class Store:
         os.makedirs(parent, exist_ok=True)
         temp = _temporary_beside(path)
         try:
-            _write_synced(temp, data)
+            write_synced(temp, data)
             try:
                 os.link(temp, path)
             except FileExistsError:
@@ -364,7 +315,7 @@ class Store:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
-        _fsync_dir(parent)
+        fsync_dir(parent)
         return True
 
     def __repr__(self) -> str:
@@ -447,17 +398,17 @@ class Store:
         temp = _temporary_beside(path)
         try:
             try:
-                _write_synced(temp, data)
+                write_synced(temp, data)
             except FileNotFoundError:  # a compaction removed the emptied folder meanwhile
                 os.makedirs(parent, exist_ok=True)
-                _write_synced(temp, data)
+                write_synced(temp, data)
             fault_point(phase)  # crash tests: killed with the temporary file written
             os.replace(temp, path)
         except BaseException:
             if os.path.exists(temp):
                 os.unlink(temp)
             raise
-        _fsync_dir(parent)
+        fsync_dir(parent)
 
     def sweep_temporaries(self, folder: str) -> list[str]:
         """Remove the temporary files (and staging folders) in `folder` that are older than
@@ -471,7 +422,7 @@ class Store:
             return removed
         for entry in entries:
             name = posixpath.basename(entry["name"].rstrip("/"))
-            if not name.startswith(_TEMP_PREFIX) or _mtime(entry) > cutoff:
+            if not name.startswith(_TEMP_PREFIX) or mtime(entry) > cutoff:
                 continue
             with contextlib.suppress(OSError):  # swept by another writer first, not ours
                 self._rm_literal([entry["name"]], recursive=entry.get("type") == "directory")
@@ -584,7 +535,7 @@ class Store:
         and the reason record says so."""
         real_root = os.path.realpath(self.root) if self.is_local else ""
         why = self._outside(path, real_root, {}, True)
-        if why not in (None, _LINKED_FOLDER):
+        if why not in (None, LINKED_FOLDER):
             self.confine([path], "quarantining", link_ok=True)  # raises: outside the root
         if why is not None:
             reason = f"{reason} (left in place: it {why})"
@@ -619,79 +570,8 @@ class Store:
         return out
 
 
-def _open_fs(url: str, storage_options: dict) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The filesystem of `url` with directory-listing caches off: actors and learners on
-    other machines add files all the time, and a cached listing would hide them (s3fs,
-    gcsfs, adlfs and the HTTP backend cache listings by default)."""
-    try:
-        # A fresh instance per Store: fsspec's instance cache would hand back a filesystem
-        # built for another endpoint or credentials than the environment now names.
-        options = {"use_listings_cache": False, "skip_instance_cache": True, **storage_options}
-        return fsspec.core.url_to_fs(url, **options)
-    except TypeError:  # a backend that takes no listing-cache option: it has no such cache
-        return fsspec.core.url_to_fs(url, **storage_options)
-
-
-def _escaped(path: str) -> str:
-    """`path` as a glob pattern that matches only itself (`[` → `[[]`, `*` → `[*]`, …), for
-    fsspec calls that expand their argument as a pattern (get, on every backend)."""
-    return glob.escape(path) if glob.has_magic(path) else path
-
-
-def _glob_below(fs: fsspec.AbstractFileSystem, root: str, pattern: str) -> list[str]:
-    """fsspec's glob of `pattern`, with `root`, where `pattern` starts, taken as a path.
-
-    fsspec reads every `[`, `*` and `?` of a pattern as a wildcard: a store at
-    runs/glob[1]store would list nothing (or runs/glob1store's files). A root holding one
-    is escaped (glob.escape: `[` → `[[]`) and the listing starts at the root, as it does for
-    any other store: fsspec would start at the folder above the first wildcard, listing
-    every sibling store. Other roots keep fsspec's own glob."""
-    prefix = root.rstrip("/") + "/"
-    if not glob.has_magic(root) or not pattern.startswith(prefix):
-        return fs.glob(pattern)
-    rest = pattern[len(prefix) :]
-    if not glob.has_magic(rest):
-        return [pattern] if fs.exists(pattern) else []
-    first = min(i for i in (rest.find(c) for c in "*?[") if i >= 0)
-    base = rest[: rest.rfind("/", 0, first) + 1]  # the literal folders before the first wildcard
-    depth = None if "**" in rest else rest[len(base) :].count("/") + 1
-    regex = re.compile(glob_translate(glob.escape(prefix) + rest))
-    found = fs.find(prefix + base, maxdepth=depth, withdirs=True)
-    return sorted(p for p in found if regex.match(p))
-
-
 def _temp_max_age() -> float:
     return env_seconds(TEMP_AGE_ENV, TEMP_MAX_AGE_S, allow_zero=False)
 
 
-def _mtime(entry: dict) -> float:
-    """Modification time of a listing entry, in seconds since the epoch (now if unknown)."""
-    for key in ("mtime", "LastModified", "last_modified", "created"):
-        value = entry.get(key)
-        if value is not None:
-            return value.timestamp() if hasattr(value, "timestamp") else float(value)
-    return time.time()
-
-
 _first_line = first_line  # one summary of an exception everywhere (storage/retry.py)
-
-
-def _fsync_dir(path: str) -> None:
-    """Persist a rename: fsync the directory entry (no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: str, data: bytes) -> None:
-    """Write `data` to a new local file and fsync it before it is renamed or linked."""
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
