@@ -315,7 +315,10 @@ class Rollouts:
             if refusal is not None:  # answered with OpenAI's 400; no step is recorded
                 self._refuse(r, refusal)
                 return None
-            budget = r.chat.reply_budget(len(encoded.ids), self.policy)
+            # A stand-in policy without a context samples what it samples: no budget asked.
+            budget = None
+            if getattr(self.policy, "context", None) is not None:
+                budget = r.chat.reply_budget(len(encoded.ids), self.policy)
             return _Prompt(
                 encoded.ids, tuple(messages), tools, encoded.text, budget, encoded.starts
             )
