@@ -226,6 +226,8 @@ def progress_line(
     parts.append(f"|g| {row['grad_norm']:.3g}  lr {row['lr']:.1e}  {row['tokens_per_s']:.0f} tok/s")
     if row.get("segments") is not None:  # turn merging: rows encoded for the batch's steps
         parts.append(f"{row['segments']} rows for {row['steps']} steps")
+    if row.get("tree_token_ratio") is not None:  # prefix_trie: segment tokens ÷ trie tokens
+        parts.append(f"trie {row['tree_token_ratio']:.2f}× (splits {row['tree_splits']})")
     parts.append(f"groups {row['groups']} (stale dropped {row['stale_groups']})")
     if row.get("context_skipped"):
         parts.append(f"past context {row['context_skipped']}")

@@ -155,6 +155,7 @@ _LEARNER_INT_METRICS = (
     "tokens",
     "segments",
     "context_skipped",
+    "tree_splits",
     "groups",
     "steps",
     "stale_groups",
@@ -182,6 +183,8 @@ LEARNER_METRICS_COLUMNS = (
     "tokens",  # encoded (padding excluded)
     "segments",  # rows encoded: trajectory segments whose prompts extend each other
     "context_skipped",  # steps past the policy's context: left out of the loss, never cut
+    "tree_token_ratio",  # prefix_trie: segment tokens ÷ trie tokens (NULL when off)
+    "tree_splits",  # prefix_trie: trie rows past one per group, split at the budget
     "groups",
     "steps",
     "stale_groups",
