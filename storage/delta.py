@@ -11,7 +11,7 @@ it is. `delta.json` names the base (N-1) and, per XORed file, its size and CRC-3
 applying a delta is checked to reproduce the version bit for bit.
 
     encode_folder(folder, base)  the learner, before the upload (`DeltaPublisher`)
-    apply_folder(folder, base)   storage/registry.py `fetch`, into the local cache
+    apply_folder(folder, base, version)   storage/registry.py `fetch`, into the local cache
 
 The XOR is taken over the whole file, header included: safetensors aligns its data to
 8 bytes, so the file's uint16 words are exactly the tensors' bf16 elements, and equal

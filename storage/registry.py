@@ -302,6 +302,7 @@ class PolicyRegistry:
         beyond = np.array([v for v in folders if v >= upto], dtype=np.int64)
         versions = np.concatenate([np.arange(upto, dtype=np.int64), beyond])
         is_stored = np.isin(versions, stored)
+        # published: LATEST has reached it, or it is the base policy v0 and stored
         published = (versions < upto) | ((versions == 0) & is_stored)
         columns = [versions, published, is_stored, versions == (-1 if latest is None else latest)]
         return pa.Table.from_arrays([pa.array(c) for c in columns], schema=schema)
@@ -388,9 +389,3 @@ class LoadLog:
         )
         table = pa.Table.from_pylist(self.rows, schema=LOADS_SCHEMA)
         self.store.write_parquet(table, self.path, {})
-
-
-def is_published(version: int, latest: int | None, stored: bool) -> bool:
-    """Whether `version` was published: LATEST (`latest`, None before the learner's first
-    publication) has reached it, or it is the base policy v0 and `stored`."""
-    return (latest is not None and version <= latest) or (version == 0 and stored)
