@@ -200,7 +200,11 @@ class Setting:
         if self.kind == "list":
             value = []
             for item in raw:
-                parsed = parse_value(item) if item.strip().startswith("[") else None
+                parsed = (
+                    parse_value(item, f"config field '{self.key}'")
+                    if item.strip().startswith("[")
+                    else None
+                )
                 if isinstance(parsed, list):
                     value += parsed
                 elif self.whole:
@@ -208,7 +212,7 @@ class Setting:
                 else:
                     value += [part.strip() for part in item.split(",") if part.strip()]
         elif self.kind == "table":
-            value = parse_value(raw)
+            value = parse_value(raw, f"config field '{self.key}'")
             if not isinstance(value, dict):
                 raise GagpoError(
                     f"config field '{self.key}': not a TOML inline table (got {raw!r}); "

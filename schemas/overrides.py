@@ -34,18 +34,14 @@ def set_help(*examples: str, tables: tuple[str, ...] = (), over: str = "--config
     )
 
 
-def parse_value(raw: str) -> Any:
+def parse_value(raw: str, what: str = "a value") -> Any:
     """A TOML value (`0.1`, `true`, `[1, 2]`, `"x"`), else the text itself; one GagpoError
-    line for a value nested deeper than schemas/bounded_toml.py allows."""
+    line, opened by `what` (`--set KEY`), for a value nested deeper than
+    schemas/bounded_toml.py allows."""
     try:
-        return bounded_toml.loads(f"v = {raw}", f"the value {_shown(raw)}")["v"]
+        return bounded_toml.loads(f"v = {raw}", what)["v"]
     except tomllib.TOMLDecodeError:
         return raw
-
-
-def _shown(raw: str, most: int = 60) -> str:
-    """`raw` quoted for an error line, cut to `most` characters."""
-    return repr(raw) if len(raw) <= most else repr(raw[:most]) + "…"
 
 
 def nested_models(annotation: Any) -> list[type[BaseModel]] | None:
@@ -105,7 +101,7 @@ def parse_sets(items: Iterable[str], model: Any, section: str | None = None) -> 
         if section and key.startswith(f"{section}."):
             key = key.split(".", 1)[1]
         check_path(model, key)
-        out[key] = parse_value(raw.strip())
+        out[key] = parse_value(raw.strip(), f"--set {key}")
     return out
 
 
