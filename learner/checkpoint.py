@@ -33,6 +33,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 from safetensors.torch import load_file
 
@@ -220,7 +221,7 @@ def _restore(
     behind = head.update - (state["update"] if state else 0)  # updates since the state
     advance_scheduler(scheduler, behind * steps_per_update)
     # the archive holds the compacted rows; those of a killed later update are dropped
-    ledger = Ledger.load(store).truncated(head.update)
+    ledger = _load_ledger(store).truncated(head.update)
     if found == version:
         return head, ledger, None
     if found is None:
@@ -264,6 +265,16 @@ def _read_state(store: Store, found: int | None, head: Head, cache: str):
 
 
 STATE_FIELDS = {"version": int, "update": int, "id": str}
+
+
+def _load_ledger(store: Store) -> Ledger:
+    """The ledger (its tail and the archive's parts); a torn file is one line naming it."""
+    try:
+        return Ledger.load(store)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, pa.ArrowException):
+            raise  # the store's own errors (an outage past its retries) are not a torn file
+        raise TornState(layout.ledger(store.root), f"cannot be read ({_why(exc)})") from None
 
 
 def _check_moments(model, optimizer) -> None:
