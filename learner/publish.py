@@ -1,10 +1,10 @@
-"""Publication of policy versions and the folder protocol shared with checkpoints.
+"""Publication of policy versions.
 
-A folder in the store is written file by file through fsspec, then a `.complete` marker
-is committed last; only then is it pointed at (`policy/LATEST`, `learner/checkpoints/
-LATEST`). A reader that follows a pointer therefore always finds a complete folder, on
-a local disk as on an object store, whatever instant the writer was killed at. A
-folder without its marker is a crashed attempt: it is removed before being rewritten.
+A version's folder is written by the folder protocol of storage/folders.py (its files,
+then `.complete`; under FSDP the sharded commit), and only then is `policy/LATEST` moved
+to it: a reader that follows LATEST always finds a complete folder, on a local disk as on
+an object store, whatever instant the writer was killed at. A folder without its marker
+is a crashed attempt: it is removed before being rewritten.
 
     policy/v<N>/  config.json, model.safetensors, generation_config.json, tokenizer files
                   (copied from the base folder), lineage.json, .complete — loadable by
