@@ -7,10 +7,16 @@ of the pools it shows only: it never builds every pool's return statistics as th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # data.py re-exports pools_view: no import back at run time
-    from gagpo.inspection.view.data import StoreSession
+
+class StoreSession(Protocol):
+    """What the page reads through: inspection/view/data.py's `StoreSession` (which
+    re-exports `pools_view`, so this module does not import it)."""
+
+    label: str
+
+    def rows(self, sql: str, params: Any = None) -> list[dict]: ...
 
 
 # Groups without stored advantages, pooled exactly (as `state_pools` does, estimator NULL).
