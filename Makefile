@@ -74,10 +74,11 @@ $(VLLM_STAMP): pyproject.toml Makefile
 demo: install
 	$(BIN)/gagpo run --store demo-store/$$(date +%Y%m%d-%H%M%S) --recipe demo
 
-# A language model learns on the CPU (workflows/recipes/llm-demo.toml): SmolLM2-135M-Instruct,
+# A language model trained on the CPU (workflows/recipes/llm-demo.toml): SmolLM2-135M-Instruct,
 # untrained, plays guess_number (binary search with higher/lower feedback) and the GAGPO
-# learner trains it in bf16 for 30 updates; then the held-out evaluation of v0, v15 and the
-# last version, the report and the credit comparison. About 40 minutes on 2 cores.
+# learner trains it in bf16 for 30 updates; then the held-out evaluation of v0 and the
+# last version, the report and the credit comparison. About 3 minutes an update on 2 cores
+# loaded by other work (benchmarks/RESULTS.md, "A language model learns (issue 45)").
 demo-llm: install
 	$(BIN)/gagpo run --store demo-store/llm-$$(date +%Y%m%d-%H%M%S) --recipe llm-demo
 
