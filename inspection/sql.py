@@ -362,6 +362,8 @@ def run_query(
         gone = _gone(_SEGMENTS.get(id(con), []))
         if gone is not None:
             raise gone from None
+        if "FileNotFoundError" in str(exc):  # an object store's file, gone: said further down
+            raise GagpoError(f"query failed: No such file ({reason})") from None
         if isinstance(exc, duckdb.PermissionException) or "configuration has been locked" in reason:
             raise GagpoError(
                 "query refused: gagpo sql is read-only and confined to the store "

@@ -26,8 +26,12 @@ Each answer must hold exactly the groups committed (in the storm: every group co
 before the read began, none that was not committed by its end), each step once, and
 every step that has an advantage table once in the `advantages` view.
 
-`GAGPO_STRESS_HEAVY=1` sweeps every point on S3 too and storms for longer (the "20 runs
-in a row under load" measurement of benchmarks/RESULTS.md, round 6).
+On S3 (moto, tests/helpers/s3.py; marked slow: each store operation is a request, three
+minutes here under load) the sweeps take every third point and the last four, the storm
+runs twice as long with its compactor resting up to a second. `GAGPO_STRESS_HEAVY=1`
+sweeps every point on S3 too and storms for longer; benchmarks/faults/compaction_race.py
+runs the whole file many times in a row beside busy processes (benchmarks/RESULTS.md,
+"Round 6: the compaction race").
 """
 
 from __future__ import annotations
@@ -136,7 +140,7 @@ class Stores:
         return url
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def stores(request, tmp_path) -> Stores:
     if request.param == "local":
         return Stores("local", lambda: str(tmp_path / f"store-{uuid.uuid4().hex[:8]}"))
@@ -400,10 +404,11 @@ def storm(url: str, seconds: float, seed: int, pace_s: float) -> dict:
 def test_readers_storm_while_an_actor_commits_and_a_compactor_compacts(stores):
     """Storm: random timing, every answer checked against what was committed. On S3 every
     operation is a request: compactions rest longer between them, as a learner's would."""
-    counts = storm(stores.new(), STORM_S, SEED, 0.05 if stores.kind == "local" else 1.0)
+    local = stores.kind == "local"
+    counts = storm(stores.new(), STORM_S * (1 if local else 2), SEED, 0.05 if local else 1.0)
     problems = counts.pop("problems")
     print(f"storm {stores.kind}: {counts}, {len(problems)} bad", *problems[:5], sep="\n  bad: ")
-    assert counts["compactions"] >= 3 and counts["answers"] >= 5, counts
+    assert counts["compactions"] >= 2 and counts["answers"] >= (5 if local else 3), counts
     assert problems == [], f"seed {SEED}, {counts}: {len(problems)} bad answers:\n" + "\n".join(
         problems[:10]
     )
