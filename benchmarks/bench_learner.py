@@ -412,20 +412,23 @@ def alfworld_table(args) -> pa.Table:
     return steps.select(list(BATCH_COLUMNS))
 
 
-def trie_scenarios(args) -> dict[str, pa.Table]:
+def trie_scenarios(args, vocab: int) -> dict[str, pa.Table]:
+    """The issue's ALFWorld batch, a tool agent's (one 1.2k-token system prompt per group,
+    rollouts parting at their first reply), and groups that share nothing (each rollout
+    its own system prompt): random ids below the model's `vocab`."""
     from tests.helpers.shared_prefix import shared_batch
 
-    agent = dict(system=(1500, 1500), observation=(40, 200), action=(15, 60))
+    agent = dict(system=(1200, 1200), observation=(30, 100), action=(10, 40))
     return {
         "ALFWorld, 2 × 8 × 15 turns, window 2": alfworld_table(args),
-        "tool agent, 2 × 8 × 5 turns, 1.5k-token system prompt": shared_batch(
-            groups=2, group_size=8, turns=5, choices=1 << 30, vocab=args.vocab, **agent
+        "tool agent, 2 × 8 × 4 turns, 1.2k-token system prompt": shared_batch(
+            groups=2, group_size=8, turns=4, choices=1 << 30, vocab=vocab, **agent
         ),
         "no shared state, 2 × 8 × 10 turns": full_history_batch(
             groups=2,
             group_size=8,
             turns=10,
-            vocab=args.vocab,
+            vocab=vocab,
             system=200,
             observation=(20, 60),
             action=(5, 20),
@@ -440,6 +443,9 @@ def bench_trie(args, folder: Path) -> list[dict]:
     from gagpo.learner import trie
 
     base = load_model(folder, torch.device("cpu")).train()
+    args.kappa = trie.pair_cost(base.config) if args.trie_kappa == "auto" else None
+    if args.kappa is None:  # the update's layout too: rows filled up to the budget
+        trie.pair_cost = lambda config: None
     d = Dist(0, 1, torch.device("cpu"))
     sides = {}
     for tree in (False, True):
@@ -454,12 +460,12 @@ def bench_trie(args, folder: Path) -> list[dict]:
         sides[tree] = (cfg, *make_optimizer(base, cfg))
     rows = []
     kw = dict(version=1, pad_id=0, max_positions=4096, budget=args.micro_batch_tokens)
-    for k, (name, table) in enumerate(trie_scenarios(args).items()):
+    for k, (name, table) in enumerate(trie_scenarios(args, base.config.vocab_size).items()):
         start = time.perf_counter()
         plan(table, token_mean=False, **kw)
         plan_s = {False: time.perf_counter() - start}
         start = time.perf_counter()
-        _, stats = trie.plan(table, token_mean=False, **kw)
+        _, stats = trie.plan(table, token_mean=False, kappa=args.kappa, **kw)
         plan_s[True] = time.perf_counter() - start
         times = {False: [], True: []}
         for rep in range(args.repeats + (k == 0)):
@@ -487,9 +493,9 @@ def bench_trie(args, folder: Path) -> list[dict]:
 def print_trie(args, rows: list[dict]) -> None:
     print(
         f"# learner prefix trie — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
-        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}; random Llama "
-        f"{args.layers} layers × {args.hidden}, micro-batch budget {args.micro_batch_tokens}, "
-        f"medians of {args.repeats}"
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+        f"{args.policy or f'random Llama {args.layers} layers × {args.hidden}'}, micro-batch "
+        f"budget {args.micro_batch_tokens}, medians of {args.repeats}; κ = {args.kappa or 'none (rows by the budget only)'}"
     )
     print(
         "| scenario | steps | tokens: segments | trie | distinct prefixes | trie / distinct "
@@ -528,6 +534,13 @@ def main() -> None:
     parser.add_argument("--poll-interval", type=float, default=0.2)
     parser.add_argument(
         "--mode", choices=["throughput", "turns", "vocab", "trie"], default="throughput"
+    )
+    parser.add_argument(
+        "--trie-kappa",
+        choices=["auto", "none"],
+        default="auto",
+        help="--mode trie: rows joined where cheaper for this model (auto, as the learner "
+        "does) or filled up to the budget (none)",
     )
     parser.add_argument(
         "--trie-store", help="--mode trie: a store holding the ALFWorld steps (default: play them)"

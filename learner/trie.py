@@ -114,12 +114,20 @@ def build(segs: Segments) -> Trie:
     return Trie(flat=flat, step=step, depth=depth, node=node, nodes=len(index))
 
 
-def rows(segs: Segments, trie: Trie, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Row of each encoded step, each row's distinct tokens, and the splits. A group's
-    segments (learner/batching.py: a trajectory's steps that extend each other, one path
-    of the trie) join its current row, in (trajectory, step) order, while the row's
-    distinct nodes stay within `budget` (a segment alone may exceed it). A segment is
-    never split, so a row never holds more tokens than its segments would."""
+def rows(
+    segs: Segments, trie: Trie, budget: int, kappa: float | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Row of each encoded step, each row's distinct tokens, and the splits made by the
+    budget. A group's segments (learner/batching.py: a trajectory's steps that extend each
+    other, one path of the trie) join its current row, in (trajectory, step) order, while
+    the row's distinct nodes stay within `budget` (a segment alone may exceed it) and,
+    given `kappa`, while joining is cheaper than a row of its own. A segment is never
+    split, so a row never holds more tokens than its segments would.
+
+    The cost: a row of T tokens costs κ·T + T² (dense-masked attention: T² query-key
+    pairs; κ: one token's linear layers in pairs, `pair_cost`). A segment of L tokens, n of
+    them new to a row of S, joins when κ·n + 2·S·n + n² < κ·L + L²: a segment that shares
+    nothing never joins, one that shares most of itself does until the row is long."""
     bounds = np.r_[0, np.flatnonzero(np.diff(trie.step)) + 1, len(trie.step)]
     lo = np.zeros(len(segs.segment), dtype=np.int64)
     lo[trie.step[bounds[:-1]]] = bounds[:-1]
@@ -134,14 +142,26 @@ def rows(segs: Segments, trie: Trie, budget: int) -> tuple[np.ndarray, np.ndarra
             row, group = row + 1, segs.group[last]
             sizes.append(0)
         new = int(np.count_nonzero(stamp[nodes] != row))
-        if sizes[-1] and sizes[-1] + new > budget:
-            row, new, splits = row + 1, len(nodes), splits + 1
+        size, n = sizes[-1], len(nodes)
+        over = size + new > budget
+        dearer = kappa is not None and kappa * new + 2 * size * new + new**2 >= kappa * n + n**2
+        if size and (over or dearer):
+            row, new, splits = row + 1, n, splits + over
             sizes.append(0)
         stamp[nodes] = row
         sizes[-1] += new
         row_of_segment[s] = row
     row_of = np.where(segs.segment >= 0, row_of_segment[segs.segment], -1)
     return row_of, np.asarray(sizes, dtype=np.int64), splits
+
+
+def pair_cost(config) -> float:
+    """κ of a transformers model config: one token's linear layers, in attended
+    query-key pairs. Per layer a token costs about 24·h² FLOPs in its projections and MLP
+    (and 2·h·V / layers of the head) and a pair about 4·h (QKᵀ and AV): κ ≈ 6·h + V/(2·n)."""
+    h = int(getattr(config, "hidden_size", 1024))
+    layers = max(int(getattr(config, "num_hidden_layers", 1)), 1)
+    return 6.0 * h + int(getattr(config, "vocab_size", 0)) / (2.0 * layers)
 
 
 def _ancestors(paths: np.ndarray, on: np.ndarray, lengths, depth, positions) -> torch.Tensor:
@@ -214,12 +234,14 @@ def plan(
     budget: int,
     token_mean: bool,
     merge: bool = True,
+    kappa: float | None = None,
 ) -> tuple[list[MicroBatch], TrieStats]:
     """Micro-batches of `table`'s prefix-trie rows, weighted as `batching.plan` weighs
-    segments, and what the trie saved against the segments of `merge`."""
+    segments, and what the trie saved against the segments of `merge`. With `kappa`
+    (`pair_cost` of the model) a segment joins a row only where that is cheaper (`rows`)."""
     segs = segment(table, max_positions, merge)
     trie = build(segs)
-    row_of, sizes, splits = rows(segs, trie, budget)
+    row_of, sizes, splits = rows(segs, trie, budget, kappa)
     batches = [collate(segs, trie, row_of, idx, version, pad_id) for idx in bucket(sizes, budget)]
     weigh(batches, token_mean)
     stats = TrieStats(

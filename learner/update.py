@@ -68,7 +68,14 @@ def run_update(
     amp = autocast_dtype(cfg.precision, sharded=sharded)  # bf16 compute, fp32 master weights
     skipped = _context_skipped(table, max_pos, d)
     slices = _plan(
-        table, cfg, version=version, pad_id=pad_id, max_pos=max_pos, sharded=sharded, d=d
+        table,
+        cfg,
+        version=version,
+        pad_id=pad_id,
+        max_pos=max_pos,
+        sharded=sharded,
+        d=d,
+        kappa=trie.pair_cost(model.config),
     )
     prox = {} if cfg.loss.bypass or sft else _proximal(model, slices, cfg, amp, sharded)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -100,7 +107,9 @@ class _Plan:
     tree: TrieStats | None = None  # with prefix_trie: what the tries saved, summed over slices
 
 
-def _plan(table, cfg: LearnerConfig, *, version, pad_id, max_pos, sharded, d: Dist) -> _Plan:
+def _plan(
+    table, cfg: LearnerConfig, *, version, pad_id, max_pos, sharded, d: Dist, kappa=None
+) -> _Plan:
     token_mean = cfg.loss.aggregation == "token_mean" or cfg.mode == "sft"
     out = _Plan([], [], TrieStats() if cfg.prefix_trie else None)
     for part in _slices(table, cfg.mini_batches):
@@ -115,7 +124,7 @@ def _plan(table, cfg: LearnerConfig, *, version, pad_id, max_pos, sharded, d: Di
         if out.tree is None:
             mbs = plan(part, **options)
         else:
-            mbs, stats = trie.plan(part, **options)
+            mbs, stats = trie.plan(part, **options, kappa=kappa)
             out.tree.add(stats)
         mine = mbs[d.rank :: d.world]
         padding = -(-len(mbs) // d.world) - len(mine) if sharded else 0
