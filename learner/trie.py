@@ -100,14 +100,22 @@ def build(segs: Segments) -> Trie:
     owner, depth, flat = _ranges(_starts(n)[steps], n[steps])
     step = steps[owner]
     tok = segs.tokens[flat].astype(np.int64)
-    keys = [segs.group[step].astype(np.int64), depth]
+    group = segs.group[step].astype(np.int64)
     first = _starts(n[steps])[owner]  # each token's step's first token, in these arrays
+    hashed = np.zeros(len(tok), dtype=np.int64)
     for base, mod in zip(_BASES, _MODULI, strict=True):
         term = (tok + 1) % mod * _powers(int(depth.max(initial=0)) + 1, base, mod)[depth] % mod
         total = np.cumsum(term)  # < 2⁵² for up to 2²¹ tokens per 2³¹
-        keys.append((total - total[first] + term[first]) % mod)
-    _, index, node = np.unique(np.stack(keys, 1), axis=0, return_index=True, return_inverse=True)
-    node = node.reshape(-1)
+        hashed = (hashed << 31) | ((total - total[first] + term[first]) % mod)
+    order = np.lexsort((hashed, depth, group))  # node ids ascend with (group, depth)
+    new = np.zeros(len(order), dtype=bool)  # where a sorted key differs from the one before
+    new[:1] = True
+    for key in (group, depth, hashed):
+        ordered = key[order]
+        new[1:] |= ordered[1:] != ordered[:-1]
+    node = np.empty(len(order), dtype=np.int64)
+    node[order] = np.cumsum(new) - 1
+    index = order[new]  # one occurrence of each node
     parent = np.where(depth > 0, np.r_[-1, node[:-1]], -1)  # the previous token's node
     if (tok[index][node] != tok).any() or (parent[index][node] != parent).any():
         raise GagpoError("prefix trie: two different prefixes share a hash; this batch cannot use")
