@@ -77,8 +77,8 @@ demo: install
 # A language model trained on the CPU (workflows/recipes/llm-demo.toml): SmolLM2-135M-Instruct,
 # untrained, plays guess_number (binary search with higher/lower feedback) and the GAGPO
 # learner trains it in bf16 for 30 updates; then the held-out evaluation of v0 and the
-# last version, the report and the credit comparison. About 3 minutes an update on 2 cores
-# loaded by other work (benchmarks/RESULTS.md, "A language model learns (issue 45)").
+# last version, the report and the credit comparison. 30 s an update on 2 quiet cores, up to
+# 4 minutes under load; held-out 7 % -> 52 % (benchmarks/RESULTS.md, "A language model learns").
 demo-llm: install
 	$(BIN)/gagpo run --store demo-store/llm-$$(date +%Y%m%d-%H%M%S) --recipe llm-demo
 
