@@ -15,19 +15,14 @@ import torch
 
 from gagpo.learner import update as update_module
 from gagpo.learner.batching import plan, segment
-from gagpo.learner.config import LearnerConfig, LossSettings
-from gagpo.learner.dist import Dist
 from gagpo.learner.model import add_lora, load_model
-from gagpo.learner.update import run_update
 from gagpo.schemas import columns as C
 from gagpo.storage.store import Store
 from tests.helpers.history import counted_once, full_history_batch, full_history_steps
 from tests.helpers.learner import parameters, run_torchrun, tiny_learner_args, tiny_model_dir
+from tests.helpers.updates import TOL, assert_same_update, one_update
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-CPU = Dist(0, 1, torch.device("cpu"))
-TOL = 1e-5
 
 
 def brute_force_segments(table: pa.Table, max_positions: int) -> list[list[tuple[str, int]]]:
@@ -78,91 +73,6 @@ def test_merged_tokens_are_each_trajectory_once():
     for mbs in (merged, per_step):  # every action once, packed within the budget
         assert sum(int(mb.valid.sum()) for mb in mbs) == table.num_rows
         assert all(mb.segments == 1 or mb.input_ids.numel() <= 512 for mb in mbs)
-
-
-class Recorder:
-    """An SGD 'optimiser' that keeps each step's gradients (by parameter name) and moves
-    the weights, so that later slices see a π_θ that differs from π_prox."""
-
-    def __init__(self, model, lr: float = 0.1):
-        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.lr, self.grads = lr, []
-
-    def step(self):
-        self.grads.append({n: p.grad.detach().clone() for n, p in self.named})
-        with torch.no_grad():
-            for _, p in self.named:
-                p -= self.lr * p.grad
-
-    def zero_grad(self, set_to_none=True):
-        for _, p in self.named:
-            p.grad = None
-
-
-class NoSchedule:
-    def step(self):
-        pass
-
-
-def one_update(
-    model, ref, table, merge: bool, monkeypatch, budget: int = 256, terms: bool = False
-) -> dict:
-    """`run_update` (2 mini-batches of `budget`-token micro-batches; with `terms`, the KL
-    and entropy terms too) with every action's ratio and behaviour weight recorded, keyed
-    by its advantage (all distinct).
-
-    The KL and entropy terms are token means per micro-batch, weighted by the micro-batch's
-    share of actions (learner/loss.py, learner/train.py): they depend on how the actions
-    fall into micro-batches, for per-step rows too. So they are compared where both sides
-    form one micro-batch per slice; the policy-gradient term does not depend on it."""
-    seen = []
-    real_loss = update_module.gagpo_loss
-
-    def recording_loss(logp, logp_prox, logp_behav, mask, advantages, cfg, **kw):
-        out, m = real_loss(logp, logp_prox, logp_behav, mask, advantages, cfg, **kw)
-        seen.append((advantages.clone(), m["ratio"].clone(), m["behavior_weight"].clone()))
-        return out, m
-
-    monkeypatch.setattr(update_module, "gagpo_loss", recording_loss)
-    cfg = LearnerConfig(
-        store="unused",
-        policy=str(tiny_model_dir()),
-        batch_groups=2,
-        mini_batches=2,
-        micro_batch_tokens=budget,
-        merge_turns=merge,
-        loss=LossSettings(kl_coef=0.1 if terms else 0.0, entropy_coef=0.01 if terms else 0.0),
-    )
-    optimizer = Recorder(model)
-    stats, hist = run_update(
-        model, optimizer, NoSchedule(), table, version=0, cfg=cfg, d=CPU, pad_id=0, ref_model=ref
-    )
-    adv, ratio, weight = (torch.cat([s[i] for s in seen]).numpy() for i in range(3))
-    order = np.argsort(adv)
-    return {
-        "stats": stats,
-        "hist": hist,
-        "ratio": ratio[order],
-        "weight": weight[order],
-        "grads": optimizer.grads,
-    }
-
-
-def assert_same_update(a: dict, b: dict, fewer_tokens: bool = True) -> None:
-    for key in ("loss", "pg_loss", "kl_ref", "entropy", "approx_kl", "behavior_weight_mean"):
-        assert abs(a["stats"][key] - b["stats"][key]) <= TOL, key
-    assert a["stats"]["actions"] - a["stats"]["context_skipped"] == b["stats"]["actions"]
-    assert a["stats"]["action_tokens"] == b["stats"]["action_tokens"]
-    assert np.abs(a["ratio"] - b["ratio"]).max() <= TOL
-    assert np.abs(a["weight"] - b["weight"]).max() <= TOL
-    assert np.abs(a["ratio"] - 1).max() > 5e-5  # the second slice's ratios moved
-    assert len(a["grads"]) == len(b["grads"]) == 2
-    for ga, gb in zip(a["grads"], b["grads"], strict=True):
-        for name in ga:
-            assert (ga[name] - gb[name]).abs().max() <= TOL, name
-        assert any(g.abs().max() > 1e-4 for g in ga.values())
-    if fewer_tokens:
-        assert a["stats"]["tokens"] * 4 < b["stats"]["tokens"]  # merged encodes far fewer
 
 
 @pytest.mark.parametrize(("budget", "terms"), [(512, False), (8192, True)])

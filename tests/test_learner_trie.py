@@ -25,7 +25,7 @@ from gagpo.schemas.errors import GagpoError
 from gagpo.storage.store import Store
 from tests.helpers.learner import parameters, run_torchrun, tiny_learner_args, tiny_model_dir
 from tests.helpers.shared_prefix import shared_batch, shared_steps
-from tests.test_learner_merge import CPU, NoSchedule, Recorder
+from tests.helpers.updates import CPU, NoSchedule, Recorder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TOL = 1e-5

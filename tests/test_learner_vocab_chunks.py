@@ -19,7 +19,7 @@ from gagpo.learner.model import action_logprobs, add_lora, load_model
 from gagpo.learner.precision import autocast_dtype
 from tests.helpers.history import full_history_batch
 from tests.helpers.learner import tiny_model_dir
-from tests.test_learner_merge import assert_same_update, one_update
+from tests.helpers.updates import assert_same_update, one_update
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TOL = 1e-5
