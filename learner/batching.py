@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import torch
 
 from gagpo.schemas import columns as C
+from gagpo.schemas.extends import extends_rows, same_trajectory
 from gagpo.schemas.policy import staleness
 
 
@@ -145,22 +146,6 @@ def _tokens(table: pa.Table, p_len: np.ndarray, a_len: np.ndarray) -> np.ndarray
     return out
 
 
-def _extends(traj: pa.Array, tokens: np.ndarray, p_len: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """[steps] whether each step's prompt begins exactly with the previous row's
-    prompt + action, the previous row being the same trajectory's previous step."""
-    same = np.zeros(len(n), dtype=bool)
-    if len(n) > 1:
-        same[1:] = pc.equal(traj[1:], traj[:-1]).to_numpy(zero_copy_only=False)
-    cand = np.flatnonzero(same & (p_len >= np.roll(n, 1)))  # long enough to hold it
-    m = n[cand - 1]  # tokens to compare, per candidate
-    owner, _, prev_at = _ranges(_starts(n)[cand - 1], m)  # the previous prompt + action
-    _, _, cur_at = _ranges(_starts(n)[cand], m)  # the first m tokens of this step's prompt
-    differs = tokens[prev_at] != tokens[cur_at]
-    out = np.zeros(len(n), dtype=bool)
-    out[cand] = np.bincount(owner, weights=differs, minlength=len(cand)) == 0
-    return out
-
-
 def segment(table: pa.Table, max_positions: int, merge: bool = True) -> Segments:
     """Split each trajectory into segments whose prompts extend each other (module doc).
     A step that is empty or longer than `max_positions` is in none, and the next step
@@ -175,7 +160,11 @@ def segment(table: pa.Table, max_positions: int, merge: bool = True) -> Segments
     encoded = (n > 0) & (n <= max_positions)
     joins = np.zeros(len(n), dtype=bool)
     if merge:
-        extends = _extends(table[C.TRAJ_ID].combine_chunks(), tokens, p_len, n)
+        same = same_trajectory(
+            table[C.GROUP_ID].to_numpy(zero_copy_only=False),
+            table[C.TRAJ_ID].to_numpy(zero_copy_only=False),
+        )
+        extends = extends_rows(same, tokens, p_len, n)  # the one rule (schemas/extends.py)
         joins = extends & encoded & np.roll(encoded, 1)
     seg = np.where(encoded, np.cumsum(encoded & ~joins) - 1, -1)
     steps = np.flatnonzero(encoded)
