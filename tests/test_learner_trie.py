@@ -14,21 +14,19 @@ import pytest
 import torch
 
 from gagpo.learner import trie as trie_module
-from gagpo.learner import update as update_module
 from gagpo.learner.batching import plan
-from gagpo.learner.config import LearnerConfig, LossSettings
 from gagpo.learner.model import action_logprobs, add_lora, load_model
 from gagpo.learner.precision import autocast_dtype
-from gagpo.learner.update import run_update
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.store import Store
 from tests.helpers.learner import parameters, run_torchrun, tiny_learner_args, tiny_model_dir
 from tests.helpers.shared_prefix import shared_batch, shared_steps
-from tests.helpers.updates import CPU, NoSchedule, Recorder
+from tests.helpers.updates import one_update
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TOL = 1e-5
+TRIE = "prefix_trie"  # the learner setting one_update compares
 KW = dict(version=0, pad_id=0, max_positions=128, token_mean=False)
 
 
@@ -77,41 +75,6 @@ def test_each_action_is_read_on_exactly_its_context(window, budget):
     assert got == expected
 
 
-def one_update(model, ref, table, trie: bool, monkeypatch, budget=8192, terms=True) -> dict:
-    """`run_update` (2 mini-batches; with `terms` the KL and entropy terms) with every
-    action's ratio and behaviour weight recorded, keyed by its advantage (all distinct)."""
-    seen = []
-    real_loss = update_module.gagpo_loss
-
-    def recording_loss(logp, logp_prox, logp_behav, mask, advantages, cfg, **kw):
-        out, m = real_loss(logp, logp_prox, logp_behav, mask, advantages, cfg, **kw)
-        seen.append((advantages.clone(), m["ratio"].clone(), m["behavior_weight"].clone()))
-        return out, m
-
-    monkeypatch.setattr(update_module, "gagpo_loss", recording_loss)
-    cfg = LearnerConfig(
-        store="unused",
-        policy=str(tiny_model_dir()),
-        batch_groups=2,
-        mini_batches=2,
-        micro_batch_tokens=budget,
-        prefix_trie=trie,
-        loss=LossSettings(kl_coef=0.1 if terms else 0.0, entropy_coef=0.01 if terms else 0.0),
-    )
-    optimizer = Recorder(model)
-    stats, _ = run_update(
-        model, optimizer, NoSchedule(), table, version=0, cfg=cfg, d=CPU, pad_id=0, ref_model=ref
-    )
-    adv, ratio, weight = (torch.cat([s[i] for s in seen]).numpy() for i in range(3))
-    order = np.argsort(adv)
-    return {
-        "stats": stats,
-        "ratio": ratio[order],
-        "weight": weight[order],
-        "grads": optimizer.grads,
-    }
-
-
 def assert_same(a: dict, b: dict, terms: bool = True) -> None:
     keys = ("loss", "pg_loss", "kl_ref", "entropy") if terms else ("pg_loss",)
     for key in (*keys, "approx_kl", "behavior_weight_mean"):
@@ -136,8 +99,8 @@ def test_trie_update_equals_segment_update(monkeypatch, window, budget):
     base = load_model(tiny_model_dir(), torch.device("cpu"))
     ref = load_model(tiny_model_dir(), torch.device("cpu")).eval().requires_grad_(False)
     terms = budget == 8192
-    tree = one_update(copy.deepcopy(base), ref, table, True, monkeypatch, budget, terms)
-    segs = one_update(copy.deepcopy(base), ref, table, False, monkeypatch, budget, terms)
+    tree = one_update(copy.deepcopy(base), ref, table, True, monkeypatch, budget, terms, TRIE)
+    segs = one_update(copy.deepcopy(base), ref, table, False, monkeypatch, budget, terms, TRIE)
     assert tree["stats"]["tree_token_ratio"] > (1.3 if terms else 1.0)
     assert segs["stats"]["tree_token_ratio"] is None
     assert (tree["stats"]["tree_splits"] > 0) == (budget < 8192)
@@ -151,8 +114,8 @@ def test_trie_update_equals_segment_update_with_lora(monkeypatch):
     torch.manual_seed(0)
     add_lora(base, 4, 8.0, ["q_proj", "v_proj"])
     ref = load_model(tiny_model_dir(), torch.device("cpu")).eval().requires_grad_(False)
-    tree = one_update(copy.deepcopy(base), ref, table, True, monkeypatch)
-    segs = one_update(copy.deepcopy(base), ref, table, False, monkeypatch)
+    tree = one_update(copy.deepcopy(base), ref, table, True, monkeypatch, 8192, True, TRIE)
+    segs = one_update(copy.deepcopy(base), ref, table, False, monkeypatch, 8192, True, TRIE)
     assert all("lora_" in name for name in tree["grads"][0])
     assert_same(tree, segs)
 

@@ -43,11 +43,19 @@ class NoSchedule:
 
 
 def one_update(
-    model, ref, table, merge: bool, monkeypatch, budget: int = 256, terms: bool = False
+    model,
+    ref,
+    table,
+    on: bool,
+    monkeypatch,
+    budget: int = 256,
+    terms: bool = False,
+    setting: str = "merge_turns",
 ) -> dict:
     """`run_update` (2 mini-batches of `budget`-token micro-batches; with `terms`, the KL
     and entropy terms too) with every action's ratio and behaviour weight recorded, keyed
-    by its advantage (all distinct).
+    by its advantage (all distinct). `on` is the value of the learner `setting` compared
+    (turn merging, the prefix trie).
 
     The KL and entropy terms are token means per micro-batch, weighted by the micro-batch's
     share of actions (learner/loss.py, learner/train.py): they depend on how the actions
@@ -68,7 +76,7 @@ def one_update(
         batch_groups=2,
         mini_batches=2,
         micro_batch_tokens=budget,
-        merge_turns=merge,
+        **{setting: on},
         loss=LossSettings(kl_coef=0.1 if terms else 0.0, entropy_coef=0.01 if terms else 0.0),
     )
     optimizer = Recorder(model)
