@@ -471,6 +471,8 @@ def test_gagpo_run_trains_an_openai_agent(tmp_path: Path):
             "--no-warmstart",
             "--set",
             f"actors.env={MAZE}",
+            "--set",  # the maze agent's tools, on tiny's template (it renders none): the Hermes block
+            'actors.env_options.tool_prompt="hermes"',
         ],
         capture_output=True,
         text=True,
