@@ -12,28 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gagpo.schemas.bounded_toml import depth
+
 MAX_JSON_DEPTH = 64
 
 
 class TooDeep(ValueError):
     """JSON nested deeper than its bound."""
-
-
-def depth_over(value: Any, limit: int) -> bool:
-    """Whether `value` nests lists and objects more than `limit` deep (walked without
-    recursion, so any depth the parser returned is measured)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = (
-            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        )
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
 
 
 def loads(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
@@ -43,6 +28,6 @@ def loads(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
         value = json.loads(text)
     except RecursionError:
         raise TooDeep(f"nests deeper than {limit} levels") from None
-    if depth_over(value, limit):
+    if depth(value, limit) > limit:
         raise TooDeep(f"nests deeper than {limit} levels")
     return value

@@ -38,8 +38,10 @@ def loads(text: str, what: str) -> dict[str, Any]:
     return data
 
 
-def depth(value: Any) -> int:
-    """How many tables and arrays deep `value` is (a scalar: 0), walked without recursion."""
+def depth(value: Any, limit: int = MAX_TOML_DEPTH) -> int:
+    """How many tables and arrays (dicts and lists) deep `value` is (a scalar: 0), walked
+    without recursion; past `limit` the walk stops and returns a depth above it. Parsed
+    JSON is measured by the same walk (envs/bounded_json.py)."""
     deepest, todo = 0, [(value, 1)]
     while todo:
         item, level = todo.pop()
@@ -49,7 +51,7 @@ def depth(value: Any) -> int:
         if children is None:
             continue
         deepest = max(deepest, level)
-        if level > MAX_TOML_DEPTH:  # deep enough to refuse: stop walking
+        if level > limit:  # deep enough to refuse: stop walking
             return level
         todo.extend((child, level + 1) for child in children)
     return deepest
