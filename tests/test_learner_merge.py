@@ -17,10 +17,9 @@ from gagpo.learner import update as update_module
 from gagpo.learner.batching import plan, segment
 from gagpo.learner.model import add_lora, load_model
 from gagpo.schemas import columns as C
-from gagpo.storage.store import Store
 from tests.helpers.history import counted_once, full_history_batch, full_history_steps
-from tests.helpers.learner import parameters, run_torchrun, tiny_learner_args, tiny_model_dir
-from tests.helpers.updates import TOL, assert_same_update, one_update
+from tests.helpers.learner import tiny_model_dir
+from tests.helpers.updates import TOL, assert_fsdp_runs_agree, assert_same_update, one_update
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -134,32 +133,11 @@ def test_fsdp_merged_equals_per_step(tmp_path):
     """Two CPU ranks under FSDP, with merging and without, on the same store: the published
     parameters agree to 1e-5. lr 1 with adam_eps 1 makes AdamW's first step about lr·g, so
     a gradient difference shows in the weights (a plain AdamW step would only keep signs)."""
-    published = {}
-    for merge in ("--merge-turns", "--no-merge-turns"):
-        store = Store(str(tmp_path / merge))
-        for i in range(2):
-            steps = full_history_steps(groups=2, group_size=3, turns=20, seed=i, shard_id=f"s{i}")
-            store.write_shard(steps, group_size=3)
-        args = tiny_learner_args(
-            tmp_path / merge,
-            merge,
-            "--parallel",
-            "fsdp",
-            updates=2,
-            batch_groups=2,
-            lr=1.0,
-            adam_eps=1.0,
-            micro_batch_tokens=256,
-        )
-        run = run_torchrun(*args)
-        assert run.returncode == 0, run.stderr[-8000:]
-        published[merge] = parameters(store.policies.dir(2))
-    base = parameters(tiny_model_dir())
-    a, b = published.values()
-    assert a.keys() == b.keys()
-    assert max(np.abs(a[k] - base[k]).max() for k in a) > 1e-2  # the weights moved
-    for name in a:
-        np.testing.assert_allclose(a[name], b[name], atol=TOL, rtol=0, err_msg=name)
+    assert_fsdp_runs_agree(
+        tmp_path,
+        ("--merge-turns", "--no-merge-turns"),
+        lambda i: full_history_steps(groups=2, group_size=3, turns=20, seed=i, shard_id=f"s{i}"),
+    )
 
 
 def test_merged_scores_equal_per_step_scores_under_bf16_autocast():

@@ -19,10 +19,9 @@ from gagpo.learner.model import action_logprobs, add_lora, load_model
 from gagpo.learner.precision import autocast_dtype
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.storage.store import Store
-from tests.helpers.learner import parameters, run_torchrun, tiny_learner_args, tiny_model_dir
+from tests.helpers.learner import tiny_model_dir
 from tests.helpers.shared_prefix import shared_batch, shared_steps
-from tests.helpers.updates import one_update
+from tests.helpers.updates import assert_fsdp_runs_agree, one_update
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TOL = 1e-5
@@ -151,31 +150,8 @@ def test_a_hash_collision_fails_loudly(monkeypatch):
 def test_fsdp_trie_equals_segments(tmp_path):
     """Two CPU ranks under FSDP, with the trie and with segments, on the same store: the
     published parameters agree to 1e-5 (lr 1, adam_eps 1: AdamW's first step ≈ lr·g)."""
-    published = {}
-    for flag in ("--prefix-trie", "--no-prefix-trie"):
-        store = Store(str(tmp_path / flag))
-        for i in range(2):
-            steps = shared_steps(
-                groups=2, group_size=3, turns=6, window=2, seed=i, shard_id=f"s{i}"
-            )
-            store.write_shard(steps, group_size=3)
-        args = tiny_learner_args(
-            tmp_path / flag,
-            flag,
-            "--parallel",
-            "fsdp",
-            updates=2,
-            batch_groups=2,
-            lr=1.0,
-            adam_eps=1.0,
-            micro_batch_tokens=256,
-        )
-        run = run_torchrun(*args)
-        assert run.returncode == 0, run.stderr[-8000:]
-        published[flag] = parameters(store.policies.dir(2))
-    base = parameters(tiny_model_dir())
-    a, b = published.values()
-    assert a.keys() == b.keys()
-    assert max(np.abs(a[k] - base[k]).max() for k in a) > 1e-2  # the weights moved
-    for name in a:
-        np.testing.assert_allclose(a[name], b[name], atol=TOL, rtol=0, err_msg=name)
+    assert_fsdp_runs_agree(
+        tmp_path,
+        ("--prefix-trie", "--no-prefix-trie"),
+        lambda i: shared_steps(groups=2, group_size=3, turns=6, window=2, seed=i, shard_id=f"s{i}"),
+    )

@@ -109,3 +109,39 @@ def assert_same_update(a: dict, b: dict, fewer_tokens: bool = True) -> None:
         assert any(g.abs().max() > 1e-4 for g in ga.values())
     if fewer_tokens:
         assert a["stats"]["tokens"] * 4 < b["stats"]["tokens"]  # merged encodes far fewer
+
+
+def assert_fsdp_runs_agree(tmp_path, flags: tuple[str, str], shard_steps) -> None:
+    """Two CPU ranks under FSDP, once with each learner flag of `flags`, on stores of the
+    same two shards (`shard_steps(i)` for shard i): 2 updates at lr 1 with adam_eps 1, so
+    AdamW's first step is about lr·g and a gradient difference shows in the weights (a plain
+    AdamW step would only keep signs). The published v2 parameters moved from the base and
+    agree to TOL."""
+    from gagpo.storage.store import Store
+    from tests.helpers.learner import parameters, run_torchrun, tiny_learner_args
+
+    published = {}
+    for flag in flags:
+        store = Store(str(tmp_path / flag))
+        for i in range(2):
+            store.write_shard(shard_steps(i), group_size=3)
+        args = tiny_learner_args(
+            tmp_path / flag,
+            flag,
+            "--parallel",
+            "fsdp",
+            updates=2,
+            batch_groups=2,
+            lr=1.0,
+            adam_eps=1.0,
+            micro_batch_tokens=256,
+        )
+        run = run_torchrun(*args)
+        assert run.returncode == 0, run.stderr[-8000:]
+        published[flag] = parameters(store.policies.dir(2))
+    base = parameters(tiny_model_dir())
+    a, b = published.values()
+    assert a.keys() == b.keys()
+    assert max(np.abs(a[k] - base[k]).max() for k in a) > 1e-2  # the weights moved
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=TOL, rtol=0, err_msg=name)
