@@ -91,35 +91,42 @@ PROMPT_DRIFT = f"""
 """
 
 
-def view_statements(gamma: float) -> Iterable[str]:
-    g = f"{float(gamma)!r}::DOUBLE"
-    block = _return_block(gamma)
-    # Schema 1.0 shards have no `won` (the scan reads it as NULL): derive it as success
-    # was read then, and say so in `won_derived` (schemas/columns.py, docs/inspect.md).
-    yield f"""
+# Schema 1.0 shards have no `won` (the scan reads it as NULL): derive it as success was read
+# then, and say so in `won_derived` (schemas/columns.py, docs/inspect.md).
+STEPS = f"""
     CREATE VIEW steps AS
     SELECT * REPLACE (coalesce({C.WON}, {C.WON_FROM_V1_0_SQL}) AS {C.WON}),
            {C.WON} IS NULL AS won_derived
     FROM _gagpo_steps
     """
-    yield (
-        "CREATE VIEW advantages AS "
-        f"SELECT {ESTIMATOR}, * EXCLUDE ({ESTIMATOR}) FROM _gagpo_advantages"
-    )
-    yield "CREATE VIEW estimators AS SELECT * FROM _gagpo_estimators"
-    yield "CREATE VIEW learner_metrics AS SELECT * FROM _gagpo_learner_metrics"
-    yield "CREATE VIEW learner_histograms AS SELECT * FROM _gagpo_learner_histograms"
-    yield "CREATE VIEW heldout AS SELECT * FROM _gagpo_heldout ORDER BY policy_version"
-    # The pause is what the engine lost to a version change: the drain and the load; the
-    # fetch ran beside generation (actors/prefetch.py).
-    yield """
+
+# The views that show one registered source as it is stored, the estimator tag first.
+PLAIN_SOURCES = (
+    f"CREATE VIEW advantages AS SELECT {ESTIMATOR}, * EXCLUDE ({ESTIMATOR}) FROM _gagpo_advantages",
+    "CREATE VIEW estimators AS SELECT * FROM _gagpo_estimators",
+    "CREATE VIEW learner_metrics AS SELECT * FROM _gagpo_learner_metrics",
+    "CREATE VIEW learner_histograms AS SELECT * FROM _gagpo_learner_histograms",
+    "CREATE VIEW heldout AS SELECT * FROM _gagpo_heldout ORDER BY policy_version",
+)
+
+# The pause is what the engine lost to a version change: the drain and the load; the fetch
+# ran beside generation (actors/prefetch.py).
+POLICY_LOADS = """
     CREATE VIEW policy_loads AS
     SELECT run_id, version, fetch_s, drain_s, load_s, drain_s + load_s AS pause_s, loaded_at
     FROM _gagpo_policy_loads ORDER BY loaded_at, run_id
     """
-    # G_t = Σ_{k≥t} γ^(k−t) r_k, as a suffix sum within fixed blocks of B steps plus the
-    # next block's total (see _return_block): window sums only, exact for long rollouts.
-    yield f"""
+
+
+def step_returns(gamma: float) -> str:
+    """The `step_returns` view at discount γ = `gamma`.
+
+    G_t = Σ_{k≥t} γ^(k−t) r_k, as a suffix sum within fixed blocks of B steps plus the next
+    block's total (see _return_block): window sums only, exact for long rollouts.
+    """
+    g = f"{float(gamma)!r}::DOUBLE"
+    block = _return_block(gamma)
+    return f"""
     CREATE VIEW step_returns AS
     WITH blocked AS (
         SELECT group_id, traj_id, step, state_key, reward::DOUBLE AS reward,
@@ -141,8 +148,10 @@ def view_statements(gamma: float) -> Iterable[str]:
     FROM suffix s
     LEFT JOIN block_totals b ON b.traj_id = s.traj_id AND b.block = s.block + 1
     """
-    yield PROMPT_DRIFT
-    yield """
+
+
+# One row per rollout, summed from its steps.
+TRAJECTORIES = """
     CREATE VIEW trajectories AS
     SELECT run_id, shard_id, group_id, traj_id,
            any_value(env) AS env,
@@ -159,7 +168,10 @@ def view_statements(gamma: float) -> Iterable[str]:
     FROM steps
     GROUP BY run_id, shard_id, group_id, traj_id
     """
-    yield """
+
+# One row per group: its rollouts' success and return spread, and how many of its states
+# were visited once (a singleton pool has no sibling to compare with).
+GROUPS = """
     CREATE VIEW groups AS
     WITH pools AS (
         SELECT group_id, state_key, count(*) AS visits FROM steps GROUP BY group_id, state_key
@@ -189,11 +201,12 @@ def view_statements(gamma: float) -> Iterable[str]:
            p.singleton_states / r.steps AS singleton_rate
     FROM rollouts r JOIN pool_counts p USING (group_id)
     """
-    # Value proxies from the stored advantages where a group has them (one row per
-    # estimator); otherwise from step_returns at this session's γ, with estimator NULL.
-    # One row per state; its pool (pool_id, under the tag's state_grouping: the state
-    # itself when exact) gives value_proxy and the return spread, as the stage used them.
-    yield """
+
+# Value proxies from the stored advantages where a group has them (one row per estimator);
+# otherwise from step_returns at this session's γ, with estimator NULL. One row per state;
+# its pool (pool_id, under the tag's state_grouping: the state itself when exact) gives
+# value_proxy and the return spread, as the stage used them.
+STATE_POOLS = """
     CREATE VIEW state_pools AS
     WITH pooled AS (
         SELECT estimator, group_id, traj_id, step, state_key,
@@ -233,7 +246,11 @@ def view_statements(gamma: float) -> Iterable[str]:
                 AND p.group_id = s.group_id AND p.pool_id = s.pool_id
     LEFT JOIN modes m ON m.estimator = s.estimator
     """
-    yield """
+
+# One row per policy version, in the policy registry (published, stored, pruned, latest:
+# sql_sources.policy_table) or only seen in the steps, beside what the actors generated
+# with it.
+POLICY_VERSIONS = """
     CREATE VIEW policy_versions AS
     WITH generated AS (
         SELECT policy_version AS version,
@@ -258,3 +275,17 @@ def view_statements(gamma: float) -> Iterable[str]:
     FROM _gagpo_policy p FULL OUTER JOIN generated g ON p.version = g.version
     ORDER BY version
     """
+
+
+def view_statements(gamma: float) -> Iterable[str]:
+    """The CREATE VIEW statements of `VIEWS`, each after the views it reads; `gamma` is the
+    session's discount, used by `step_returns` (and so by `state_pools` without advantages)."""
+    yield STEPS
+    yield from PLAIN_SOURCES
+    yield POLICY_LOADS
+    yield step_returns(gamma)
+    yield PROMPT_DRIFT
+    yield TRAJECTORIES
+    yield GROUPS
+    yield STATE_POOLS
+    yield POLICY_VERSIONS
