@@ -89,50 +89,86 @@ def create_app(
     check_bind(host, token)
     if not stores:
         raise GagpoError("no store given; accepted: --store PATH (repeatable)")
-    by_label = {s.label: s for s in stores}
-    assets = load_assets()
-    sql_limits = sql_limits or Limits(timeout_s=60.0)
+    site = _Site(stores, load_assets(), sql_limits or Limits(timeout_s=60.0), oracle)
+    routes = _page_routes(site) + _data_routes(site) + _sql_routes(site)
+    handlers = {HTTPException: _http_error, GagpoError: _user_error, Exception: _server_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+    app.state.stores = stores
+    return Guard(app, token=token, loopback=is_loopback(host))
 
-    def store_of(request: Request) -> data.StoreSession:
-        label = request.query_params.get("store") or stores[0].label
-        if label not in by_label:
-            raise data.NotFound(f"store {label!r} is not served; accepted: {', '.join(by_label)}")
-        return by_label[label]
 
-    def page(name: str) -> Response:
-        body, kind = assets[name]
+class _Site:
+    """What every route reads: the stores served (the first is the default, `?store=LABEL`
+    picks another), the packaged assets, the limits of a typed SQL query, and the compare
+    page's oracle."""
+
+    def __init__(self, stores, assets, sql_limits: Limits, oracle) -> None:
+        self.stores: list[data.StoreSession] = stores
+        self.by_label = {s.label: s for s in stores}
+        self.assets: dict[str, tuple[bytes, str]] = assets
+        self.sql_limits = sql_limits
+        self.oracle: data.StepOracle | None = oracle
+
+    def store_of(self, request: Request) -> data.StoreSession:
+        """The store the request names, or the default; an unknown label is a 404."""
+        label = request.query_params.get("store") or self.stores[0].label
+        if label not in self.by_label:
+            accepted = ", ".join(self.by_label)
+            raise data.NotFound(f"store {label!r} is not served; accepted: {accepted}")
+        return self.by_label[label]
+
+    def asset(self, name: str) -> Response:
+        """A packaged file of static/ as it was read at start, with its content type."""
+        body, kind = self.assets[name]
         return Response(body, media_type=kind)
 
-    def run_page(request: Request) -> Response:
-        return page("run.html")
+
+def _page_routes(site: _Site) -> list[Route]:
+    """The HTML shells and their scripts and styles. A page that names a group (/group,
+    /compare) checks the group exists first, so a bad id is a 404 before any script runs;
+    /static serves the packaged assets by name, never a page and never a path."""
 
     def group_page(request: Request) -> Response:
         group = request.query_params.get("group")
         if group:
-            store = store_of(request)
+            store = site.store_of(request)
             gid = data.check_id(group, "group")
             if not store.query("SELECT 1 FROM steps WHERE group_id = ? LIMIT 1", [gid]):
                 raise data.NotFound(f"group {gid!r} is not in store {store.label!r}")
-        return page("compare.html" if request.url.path == "/compare" else "group.html")
-
-    def sql_page(request: Request) -> Response:
-        return page("sql.html")
-
-    def pools_page(request: Request) -> Response:
-        return page("pools.html")
+        return site.asset("compare.html" if request.url.path == "/compare" else "group.html")
 
     def static(request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in assets or name.endswith(".html"):
+        if name not in site.assets or name.endswith(".html"):
             raise data.NotFound(f"no asset {name!r}")
-        body, kind = assets[name]
-        return Response(body, media_type=kind)
+        return site.asset(name)
+
+    def shell(name: str):
+        """A handler answering the packaged page `name`: a page without a parameter to check."""
+        return lambda request: site.asset(name)
+
+    return [
+        Route("/", shell("run.html")),
+        Route("/run", shell("run.html")),
+        Route("/group", group_page),
+        Route("/compare", group_page),
+        Route("/sql", shell("sql.html")),
+        Route("/pools", shell("pools.html")),
+        Route("/static/{name}", static),
+    ]
+
+
+def _data_routes(site: _Site) -> list[Route]:
+    """The JSON endpoints the pages' scripts ask: the stores served, a run's summary, the
+    group list (filtered by version and task, ordered, at most 1000), the choices the
+    pickers offer, one group under one estimator, a group under several (the compare
+    page, its parameters shared and each estimator given those it takes) and the pools."""
 
     def api_stores(request: Request) -> Response:
-        return JSON([{"label": s.label, "url": s.url} for s in stores])
+        return JSON([{"label": s.label, "url": s.url} for s in site.stores])
 
     def api_run(request: Request) -> Response:
-        return JSON(data.run_data(store_of(request)))
+        return JSON(data.run_data(site.store_of(request)))
 
     def api_groups(request: Request) -> Response:
         q = request.query_params
@@ -143,7 +179,7 @@ def create_app(
             raise GagpoError(f"limit {limit} is out of range; accepted: 1 to 1000")
         return JSON(
             data.group_list(
-                store_of(request),
+                site.store_of(request),
                 version=version,
                 task=q.get("task") or None,
                 order=q.get("order") or "spread",
@@ -152,13 +188,13 @@ def create_app(
         )
 
     def api_choices(request: Request) -> Response:
-        return JSON(data.choices(store_of(request)))
+        return JSON(data.choices(site.store_of(request)))
 
     def api_group(request: Request) -> Response:
         q = request.query_params
         group = q.get("group") or ""
         choice = q.get("estimator") or "gagpo"
-        return JSON(data.group_view(store_of(request), group, choice, _params(q)))
+        return JSON(data.group_view(site.store_of(request), group, choice, _params(q)))
 
     def api_compare(request: Request) -> Response:
         q = request.query_params
@@ -170,16 +206,33 @@ def create_app(
         chosen = [(n, _params_for(n, params)) for n in names]
         return JSON(
             data.compare_view(
-                store_of(request),
+                site.store_of(request),
                 q.get("group") or "",
                 chosen,
-                oracle=oracle,
+                oracle=site.oracle,
                 traj_id=q.get("traj") or None,
             )
         )
 
     def api_pools(request: Request) -> Response:
-        return JSON(pools.pools_view(store_of(request)))
+        return JSON(pools.pools_view(site.store_of(request)))
+
+    return [
+        Route("/api/stores", api_stores),
+        Route("/api/run", api_run),
+        Route("/api/groups", api_groups),
+        Route("/api/choices", api_choices),
+        Route("/api/group", api_group),
+        Route("/api/compare", api_compare),
+        Route("/api/pools", api_pools),
+    ]
+
+
+def _sql_routes(site: _Site) -> list[Route]:
+    """The SQL page's two endpoints, both under `site.sql_limits`: a POSTed query answers
+    the first MAX_SHOWN_ROWS rows as JSON (the cells as the CSV writes them, with the total
+    count), and /api/sql.csv downloads every row. The POST is async only to read its body;
+    the query itself runs in the thread pool."""
 
     async def api_sql(request: Request) -> Response:
         try:
@@ -189,9 +242,9 @@ def create_app(
         query = body.get("query") if isinstance(body, dict) else None
         if not isinstance(query, str):
             raise GagpoError('the body has no query; accepted: {"query": "SELECT …"}')
-        store = store_of(request)
+        store = site.store_of(request)
 
-        table = await run_in_threadpool(_sql, store, query, sql_limits)
+        table = await run_in_threadpool(_sql, store, query, site.sql_limits)
         columns, rows = _csv_rows(table)
         return JSON(
             {
@@ -203,36 +256,18 @@ def create_app(
         )
 
     def api_sql_csv(request: Request) -> Response:
-        store, query = store_of(request), request.query_params.get("query") or ""
-        text = _csv_text(_sql(store, query, sql_limits))
+        store, query = site.store_of(request), request.query_params.get("query") or ""
+        text = _csv_text(_sql(store, query, site.sql_limits))
         return Response(
             text,
             media_type="text/csv; charset=utf-8",
             headers={"content-disposition": 'attachment; filename="gagpo-sql.csv"'},
         )
 
-    routes = [
-        Route("/", run_page),
-        Route("/run", run_page),
-        Route("/group", group_page),
-        Route("/compare", group_page),
-        Route("/sql", sql_page),
-        Route("/pools", pools_page),
-        Route("/static/{name}", static),
-        Route("/api/stores", api_stores),
-        Route("/api/run", api_run),
-        Route("/api/groups", api_groups),
-        Route("/api/choices", api_choices),
-        Route("/api/group", api_group),
-        Route("/api/compare", api_compare),
-        Route("/api/pools", api_pools),
+    return [
         Route("/api/sql", api_sql, methods=["POST"]),
         Route("/api/sql.csv", api_sql_csv),
     ]
-    handlers = {HTTPException: _http_error, GagpoError: _user_error, Exception: _server_error}
-    app = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
-    app.state.stores = stores
-    return Guard(app, token=token, loopback=is_loopback(host))
 
 
 def _sql(store: data.StoreSession, query: str, limits: Limits):
