@@ -12,10 +12,10 @@ at its own positions (`action_logprobs` projects only the hidden states that pre
 action token onto the vocabulary), so each action is scored on exactly the context it was
 sampled on. With merging off every step is its own segment: the same code, one row per step.
 
-A step longer than the model's context (`max_positions`) is never cut: it is not encoded,
-not in the loss, and counted (`too_long`). Segments are sorted by length and packed while
-rows × longest row stays within the token budget. Collation is vectorised over Arrow list
-offsets.
+A step longer than the model's context (`max_positions`) is never cut: it is not encoded
+and not in the loss (learner/update.py counts it, metric `context_skipped`). Segments are
+sorted by length and packed while rows × longest row stays within the token budget.
+Collation is vectorised over Arrow list offsets.
 """
 
 from __future__ import annotations
@@ -108,11 +108,6 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.nda
 def step_lengths(table: pa.Table) -> np.ndarray:
     """[steps] tokens of each step's `prompt_ids + action_ids`."""
     return _lengths(table[C.PROMPT_IDS]) + _lengths(table[C.ACTION_IDS])
-
-
-def too_long(table: pa.Table, max_positions: int) -> np.ndarray:
-    """Steps whose `prompt_ids + action_ids` exceed the model's context: left out, never cut."""
-    return step_lengths(table) > max_positions
 
 
 @dataclass
@@ -256,7 +251,7 @@ def plan(
     """Micro-batches of `table`'s segments, each weighted by its share of the loss
     denominator (valid actions, or their tokens with token-mean aggregation), so that the
     sum of weighted micro-batch losses is the loss over the whole table. Steps past the
-    context are in none (`too_long` counts them)."""
+    context are in none (the update counts them, `context_skipped`)."""
     segs = segment(table, max_positions, merge)
     batches = [collate(segs, idx, version, pad_id) for idx in bucket(segs.lengths, budget)]
     weigh(batches, token_mean)
