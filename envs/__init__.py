@@ -9,10 +9,9 @@ The registry's public names are re-exported here, imported on first use: importi
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
+from gagpo.schemas.lazy import lazy_exports
 
-__all__ = [
+_REGISTRY_NAMES = (
     "ENTRY_POINT_GROUP",
     "ENVIRONMENTS",
     "FAMILIES",
@@ -23,24 +22,7 @@ __all__ = [
     "make_env",
     "plugin_environments",
     "step_oracle",
-]
-
-if TYPE_CHECKING:
-    from gagpo.envs.registry import (
-        ENTRY_POINT_GROUP,
-        ENVIRONMENTS,
-        FAMILIES,
-        FAMILY_PATTERNS,
-        capabilities_of,
-        check_env,
-        environment_names,
-        make_env,
-        plugin_environments,
-        step_oracle,
-    )
-
-
-def __getattr__(name: str) -> object:
-    if name in __all__:  # the registry's names: imported on first use
-        return getattr(importlib.import_module("gagpo.envs.registry"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+)
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__, dict.fromkeys(_REGISTRY_NAMES, "gagpo.envs.registry")
+)

@@ -13,23 +13,19 @@ A mistake (a missing store, a bad URL or value) raises `gagpo.GagpoError`, one l
 
 The layers install beside this module: gagpo.schemas, gagpo.storage, gagpo.envs,
 gagpo.actors, gagpo.pipeline, gagpo.inspection, gagpo.learner, gagpo.workflows
-(docs/design.md §2). Importing `gagpo` loads nothing else until a name is used.
+(docs/design.md §2). Importing `gagpo` loads none of them until a name is used, but for
+the helper that resolves the names (gagpo.schemas.lazy).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gagpo.schemas.lazy import lazy_exports
 
-_EXPORTS = {
-    "open_store": "gagpo.inspection.library",
-    "StoreReader": "gagpo.inspection.library",
-    "GagpoError": "gagpo.schemas.errors",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'gagpo' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "open_store": "gagpo.inspection.library",
+        "StoreReader": "gagpo.inspection.library",
+        "GagpoError": "gagpo.schemas.errors",
+    },
+)

@@ -12,10 +12,9 @@ importing the config models (or `--help`) does not load Polars.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gagpo.schemas.lazy import lazy_exports
 
-_EXPORTS = {
+_EXPORTS = {  # name -> the module that defines it
     "ESTIMATORS": "gagpo.pipeline.advantages",
     "OUTPUT_SCHEMA": "gagpo.pipeline.advantages",
     "compute_advantages": "gagpo.pipeline.advantages",
@@ -34,10 +33,4 @@ _EXPORTS = {
     "recompute_files": "gagpo.pipeline.recompute",
     "recompute_store": "gagpo.pipeline.recompute",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'gagpo.pipeline' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -10,6 +10,7 @@
     extras.py, loader.py,     optional-dependency checks, `load_object`, `derive_seed`,
     seeds.py, cache.py,       the cache root, Ctrl-C handling of child processes
     signals.py
+    lazy.py                   a package's names re-exported, each imported on first use
 
 The storage engine that writes and reads these contracts is gagpo.storage.
 """
