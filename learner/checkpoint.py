@@ -10,14 +10,14 @@ discarded):
 `--resume` starts from the version LATEST names (docs/design.md, "One lineage"): its own
 published weights; the optimiser of the newest complete state at or before it (its
 moments and step count, an approximation when that state is older than LATEST; exact
-when it is LATEST's, as in stores written before states were periodic); the scheduler
+when it is LATEST's own, as with state_every = 1); the scheduler
 advanced to LATEST's step; the ledger as it stood after LATEST's update. Groups of
 published updates stay consumed, those of a killed, unpublished update are trained
 again, and the next version is LATEST + 1. Every version gets a random `id` and records
 its parent's, so a checker can verify the chain (`check_lineage`). A state sharded by
 FSDP resumes on the same number of ranks, each reading (on an object store: fetching)
-its own file alone; a whole state (written unsharded, or by FSDP before states were
-sharded) resumes under either mode.
+its own file alone; a whole state (one trainer.pt holding every moment, as an unsharded
+learner writes it) resumes under either mode.
 
 A state is data the store holds: every file of it is read as the store's own (no link,
 under the root) and checked before use. A torn or hostile one (an empty trainer.pt, a

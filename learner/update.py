@@ -190,8 +190,10 @@ def _proximal(model, slices: _Plan, cfg: LearnerConfig, amp, sharded: bool) -> d
             for j, mb in enumerate(mbs):
                 if k > 0 or separate_first:
                     prox[k, j] = action_logprobs(model, mb, cfg.temperature, False, amp)[0]
-    if sharded:  # FSDP2 keeps the root unsharded after a forward, for the backward
-        model.reshard()  # that would follow; left so, its gradients were lost (measured)
+    # FSDP2 keeps the root unsharded after a forward, for a backward that never comes after
+    # a no-grad pass; left so, the root's parameters get no gradient in the training pass.
+    if sharded:
+        model.reshard()
     model.train()
     return prox
 
