@@ -229,13 +229,12 @@ class Trainer:
     writer: StateWriter | None = None  # the main rank's; every rank's under FSDP
     publisher: Publisher | None = None  # the main rank's; every rank's under FSDP
     state_version: int = 0  # the newest version whose training state was taken
-    pending: VersionCopy | None = (
-        None  # taken by `take_version`, handed to the thread by `release_version`
-    )
+    # the version `take_version` copied, for `release_version` to hand to the thread
+    pending: VersionCopy | None = None
 
     def __post_init__(self) -> None:
         cfg = self.cfg
-        lora = cfg.lora.enabled  # adapters: every version, before LATEST (module doc)
+        lora = cfg.lora.enabled  # LoRA: state and version written at once, every update
         if self._takes_part:  # under FSDP every rank writes its own file of each state
             asynchronous = cfg.state_async and not lora
             self.writer = StateWriter(
