@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The language-model benchmark of issue 45 on one GPU, in one script: the recipe
 # `llm-demo` (SmolLM2-135M-Instruct on guess_number, bf16 learner), at a larger batch and
-# more updates, trained once with GAGPO and once with GRPO side by side on the same GPU,
-# then each run's kept versions evaluated on the same held-out tasks, and the tables
-# written to $OUT: held-out success v0 → last per estimator, seconds per update and per
-# run, and the paper's three analyses (`gagpo report`, inspection/report_analyses.py).
+# more updates, trained with GAGPO and with GRPO over three seeds, all six runs side by
+# side on the same GPU, then each run's kept versions evaluated on the same held-out tasks,
+# and the tables written to $OUT: held-out success v0 → last per run and per estimator
+# (mean and min–max over seeds), seconds per update and per run, and the paper's three
+# analyses (`gagpo report`, inspection/report_analyses.py).
 #
 #   bash benchmarks/gpu_learn.sh            # on an H200: within 9 minutes
 #   bash benchmarks/gpu_learn.sh --dry-run  # anywhere: the same steps on the CPU, tiny budget
+#   SEEDS="0 1" bash benchmarks/gpu_learn.sh --dry-run   # the seeds' path too (4 runs)
 #
 # On the GPU machine (no network, no vllm; Python 3.12 with torch, transformers, peft,
 # pyarrow, safetensors) what it lacks comes in .gpu_learn/: wheels and the SmolLM2 GGUF,
@@ -18,10 +20,10 @@
 #
 # Phases (GPU / --dry-run):
 #   setup     wheels into $WORK/site, the GGUF unpacked, SmolLM2 converted once
-#   train     both estimators at once, `gagpo run --recipe llm-demo`; a deadline
-#             (TRAIN_S, 330 s / 900 s) stops a run that is late, keeping what it trained
+#   train     every estimator × seed at once, `gagpo run --recipe llm-demo`; a deadline
+#             (TRAIN_S, 300 s / 900 s) stops a run that is late, keeping what it trained
 #   evaluate  v0, the multiples of EVAL_EVERY and the last version, EVAL_GROUPS held-out
-#             tasks × G
+#             tasks × G; a deadline (EVAL_S, 150 s) keeps the versions evaluated by then
 #   tables    $OUT/tables.md, $OUT/summary.md and the report's figures
 # Output in $OUT (default: a new temporary folder): gpu_learn.log, tables.md, summary.md,
 # early_learning.png, interaction_efficiency.png, smoothness.png, learning_curves.png.
@@ -54,24 +56,32 @@ if [ "$DRY_RUN" = 1 ]; then
     PY=${PYTHON:-$ROOT/.venv/bin/python}
     [ -x "$PY" ] || PY=python3
     UPDATES=2 BATCH_GROUPS=1 GROUP_SIZE=2 IN_FLIGHT=1 EVAL_GROUPS=1 EVAL_EVERY=2
-    TRAIN_S=${TRAIN_S:-900}
+    TRAIN_S=${TRAIN_S:-900} EVAL_S=${EVAL_S:-900}
+    read -r -a SEED_LIST <<<"${SEEDS:-0}"
     PLACE=(--set actors.device=cpu --set learner.device=cpu)
 else
     PY=${PYTHON:-python3}
     export GAGPO_CACHE="$WORK/cache"
-    # 60 updates of 16 groups × 8 rollouts (the recipe: 30 of 4), 16 groups in flight.
-    UPDATES=${UPDATES:-60} BATCH_GROUPS=16 GROUP_SIZE=8 IN_FLIGHT=16
-    EVAL_GROUPS=32 EVAL_EVERY=30
-    TRAIN_S=${TRAIN_S:-330}
-    # Both runs share GPU 0: each actor 15 % of its memory, each learner 30 %.
+    # 40 updates of 16 groups × 8 rollouts (the recipe: 30 of 4), 16 groups in flight.
+    UPDATES=${UPDATES:-40} BATCH_GROUPS=16 GROUP_SIZE=8 IN_FLIGHT=16
+    EVAL_GROUPS=32 EVAL_EVERY=20
+    TRAIN_S=${TRAIN_S:-300} EVAL_S=${EVAL_S:-150}
+    read -r -a SEED_LIST <<<"${SEEDS:-0 1 2}"
+    # Every run shares GPU 0: 6 runs, each actor 6 % of its memory (8 GiB of an H200's
+    # 139), each learner 9 % (12 GiB; SmolLM2-135M with AdamW needs about 3).
     PLACE=(--set "run.actor_gpus=[0]" --set "run.learner_gpus=[0]"
-        --set run.actor_gpu_memory=0.15 --set run.learner_gpu_memory=0.3
+        --set run.actor_gpu_memory=0.06 --set run.learner_gpu_memory=0.09
         --set actors.device=cuda --set learner.device=cuda --set run.stop_timeout_s=30)
 fi
 SIZE=(--set "learner.updates=$UPDATES" --set "learner.batch_groups=$BATCH_GROUPS"
     --set "actors.group_size=$GROUP_SIZE" --set "actors.groups_in_flight=$IN_FLIGHT"
     --set "learner.keep_every=$EVAL_EVERY" --set learner.poll_interval_s=0.2)
 ESTIMATORS=(gagpo grpo)
+SEED_STRIDE=7919 # as benchmarks/learning/run_learning.py: seed k plays tasks from k·stride
+RUNS=() # estimator-s<seed>
+for name in "${ESTIMATORS[@]}"; do
+    for seed in "${SEED_LIST[@]}"; do RUNS+=("$name-s$seed"); done
+done
 
 step() {
     local name=$1
@@ -117,18 +127,20 @@ EOF
 }
 
 train() {
-    local pids=() name rc=0 t0
+    local pids=() name rc=0 t0 seed
     declare -gA WALL
     t0=$SECONDS
-    for name in "${ESTIMATORS[@]}"; do
+    for name in "${RUNS[@]}"; do
+        seed=${name##*-s}
         timeout -s INT -k 90 "$TRAIN_S" "$PY" -m gagpo.workflows.cli run --recipe llm-demo \
-            --store "$WORK/$name" --set "learner.estimator.estimator=$name" \
+            --store "$WORK/$name" --set "learner.estimator.estimator=${name%-s*}" \
+            --set "actors.seed=$((seed * SEED_STRIDE))" --set "learner.seed=$seed" \
             --set run.eval_groups=0 --set run.report=false --set run.credit=false \
             "${SIZE[@]}" "${PLACE[@]}" >"$WORK/train_$name.log" 2>&1 &
         pids+=($!)
     done
     for i in "${!pids[@]}"; do
-        name=${ESTIMATORS[$i]}
+        name=${RUNS[$i]}
         wait "${pids[$i]}"
         local code=$?
         WALL[$name]=$((SECONDS - t0))
@@ -144,24 +156,28 @@ train() {
 }
 
 evaluate() {
-    local pids=() name rc=0
-    for name in "${ESTIMATORS[@]}"; do
-        "$PY" "$ROOT/benchmarks/gpu_learn_steps.py" evaluate --recipe llm-demo --store "$WORK/$name" \
-            --groups "$EVAL_GROUPS" --every "$EVAL_EVERY" "${SIZE[@]}" "${PLACE[@]}" \
-            >"$WORK/eval_$name.log" 2>&1 &
+    # Each version's result is committed to the store as it is evaluated (the heldout
+    # table), so a run stopped at the EVAL_S deadline keeps the versions it finished.
+    local pids=() name rc=0 code
+    for name in "${RUNS[@]}"; do
+        timeout -s INT -k 30 "$EVAL_S" "$PY" "$ROOT/benchmarks/gpu_learn_steps.py" evaluate \
+            --recipe llm-demo --store "$WORK/$name" --groups "$EVAL_GROUPS" --every "$EVAL_EVERY" \
+            "${SIZE[@]}" "${PLACE[@]}" >"$WORK/eval_$name.log" 2>&1 &
         pids+=($!)
     done
     for i in "${!pids[@]}"; do
-        wait "${pids[$i]}" || rc=1
-        echo "--- ${ESTIMATORS[$i]}:"
-        tail -n 8 "$WORK/eval_${ESTIMATORS[$i]}.log"
+        wait "${pids[$i]}"
+        code=$?
+        echo "--- ${RUNS[$i]} (exit $code):"
+        tail -n 8 "$WORK/eval_${RUNS[$i]}.log"
+        case $code in 0) ;; 124 | 130 | 137) echo "    stopped at the ${EVAL_S} s deadline" ;; *) rc=1 ;; esac
     done
     return $rc
 }
 
 tables() {
     local runs=() walls=() name
-    for name in "${ESTIMATORS[@]}"; do
+    for name in "${RUNS[@]}"; do
         runs+=(--run "$name=$WORK/$name")
         walls+=(--wall "$name=${WALL[$name]:-0}")
     done
@@ -180,7 +196,7 @@ step "setup" setup || {
     echo "gpu_learn: FAILED at setup (log: $OUT/gpu_learn.log)"
     exit 1
 }
-step "train: ${ESTIMATORS[*]} side by side, $UPDATES updates of $BATCH_GROUPS groups x $GROUP_SIZE (deadline ${TRAIN_S} s)" train
+step "train: ${RUNS[*]} side by side, $UPDATES updates of $BATCH_GROUPS groups x $GROUP_SIZE (deadline ${TRAIN_S} s)" train
 step "evaluate: v0, multiples of v$EVAL_EVERY, the last; $EVAL_GROUPS held-out tasks x $GROUP_SIZE" evaluate
 step "tables" tables
 echo "gpu_learn: $((SECONDS - T0)) s in all"

@@ -83,7 +83,9 @@ def _heldout(label: str, con) -> dict:
     from gagpo.inspection.intervals import change_line, wilson
     from gagpo.inspection.report_base import query_rows
 
-    rows = query_rows(con, "SELECT policy_version, rollouts, success_rate FROM heldout")
+    rows = query_rows(
+        con, "SELECT policy_version, rollouts, success_rate FROM heldout ORDER BY policy_version"
+    )
     if not rows:
         return {"run": label, "first": None, "last": None, "change": "not evaluated"}
     first, last = rows[0], rows[-1]
@@ -103,7 +105,42 @@ def _heldout(label: str, con) -> dict:
             first["success_rate"], first["rollouts"], last["success_rate"], last["rollouts"]
         ),
         "versions": ", ".join(f"v{r['policy_version']} {r['success_rate']:.1%}" for r in rows),
+        "rates": {r["policy_version"]: r["success_rate"] for r in rows},
     }
+
+
+def _over_seeds(heldout: list[dict]) -> list[dict]:
+    """Per estimator (the label before "-s<seed>"): held-out success of v0 and of the last
+    version every seed reached, mean and min–max over seeds, and the gain paired by seed."""
+    by_estimator: dict[str, list[dict]] = {}
+    for h in heldout:
+        if h.get("rates"):
+            by_estimator.setdefault(h["run"].rsplit("-s", 1)[0], []).append(h["rates"])
+    rows = []
+    for name, rates in by_estimator.items():
+        common = sorted(set.intersection(*(set(r) for r in rates)))
+        first, last = common[0], common[-1]
+
+        def band(values: list[float], unit: str = "%") -> str:
+            mean, low, high = (
+                100 * x for x in (sum(values) / len(values), min(values), max(values))
+            )
+            return (
+                f"{mean:+.1f}{unit} [{low:+.1f}, {high:+.1f}]"
+                if unit != "%"
+                else (f"{mean:.1f}% [{low:.1f}, {high:.1f}]")
+            )
+
+        rows.append(
+            {
+                "estimator": name,
+                "seeds": len(rates),
+                "first": f"v{first}: " + band([r[first] for r in rates]),
+                "last": f"v{last}: " + band([r[last] for r in rates]),
+                "gain (paired by seed)": band([r[last] - r[first] for r in rates], " pts"),
+            }
+        )
+    return rows
 
 
 def tables(runs: list[str], walls: list[str], out: Path, title: str) -> Path:
@@ -128,6 +165,10 @@ def tables(runs: list[str], walls: list[str], out: Path, title: str) -> Path:
     analyses = summary.split("## The paper's three analyses", 1)
     lines = [f"# {title}", "", "## Held-out success, first → last evaluated version", ""]
     lines += markdown_table(heldout, ["run", "first", "last", "change"])
+    seeds = _over_seeds(heldout)
+    if any(r["seeds"] > 1 for r in seeds):
+        lines += ["", "Over seeds: mean [min, max]; the last version every seed reached.", ""]
+        lines += markdown_table(seeds, list(seeds[0]))
     lines += ["", "Every evaluated version:", ""]
     lines += [f"- {h['run']}: {h.get('versions', 'none')}" for h in heldout]
     lines += ["", "## Seconds per update and per run", ""]

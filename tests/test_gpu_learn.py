@@ -112,10 +112,30 @@ def test_dry_run_writes_its_tables(tmp_path):
         "### Smoothness: update-to-update variation",
     ):
         assert heading in tables, heading
-    for estimator in ("gagpo", "grpo"):
-        assert f"| {estimator} | v0: " in tables  # held out: v0 → the last version
-        assert f"| {estimator} | 2 | 2 |" in tables  # 2 updates, the last one update 2
-        assert f"| {estimator} | loss |" in tables
+    for run in ("gagpo-s0", "grpo-s0"):  # one seed on the CPU (SEEDS; the GPU runs 0 1 2)
+        assert f"| {run} | v0: " in tables  # held out: v0 → the last version
+        assert f"| {run} | 2 | 2 |" in tables  # 2 updates, the last one update 2
+        assert f"| {run} | loss |" in tables
     for name in ("summary.md", "gpu_learn.log", "early_learning.png", "smoothness.png"):
         assert (out / name).is_file(), name
     assert "gpu_learn: all phases ok" in (out / "gpu_learn.log").read_text()
+
+
+def test_tables_summarise_each_estimator_over_its_seeds():
+    """Mean and min–max over seeds at v0 and at the last version every seed reached (a run
+    stopped at the deadline early pulls the comparison back to what all reached), and the
+    gain paired by seed."""
+    heldout = [
+        {"run": "gagpo-s0", "rates": {0: 0.07, 20: 0.50, 40: 0.60}},
+        {"run": "gagpo-s1", "rates": {0: 0.09, 20: 0.40}},
+        {"run": "grpo-s0", "rates": {0: 0.07, 20: 0.30, 40: 0.35}},
+        {"run": "grpo-s1", "rates": {0: 0.05, 20: 0.25, 40: 0.45}},
+        {"run": "gigpo-s0"},  # not evaluated: left out
+    ]
+    rows = {r["estimator"]: r for r in steps._over_seeds(heldout)}
+    assert set(rows) == {"gagpo", "grpo"}
+    assert rows["gagpo"]["first"] == "v0: 8.0% [7.0, 9.0]"
+    assert rows["gagpo"]["last"] == "v20: 45.0% [40.0, 50.0]"
+    assert rows["gagpo"]["gain (paired by seed)"] == "+37.0 pts [+31.0, +43.0]"
+    assert rows["grpo"]["last"] == "v40: 40.0% [35.0, 45.0]"
+    assert rows["grpo"]["gain (paired by seed)"] == "+34.0 pts [+28.0, +40.0]"

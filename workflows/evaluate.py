@@ -15,6 +15,7 @@ Which versions exist to evaluate depends on the learner's pruning: `gagpo run` w
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +25,7 @@ from gagpo.inspection.intervals import change_line, wilson
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.cache import policy_cache_dir
+from gagpo.storage.policy_cache import VersionCache
 from gagpo.storage.store import Store
 
 
@@ -79,7 +81,22 @@ def evaluate_version(
     of an object store is fetched into the local policy cache first)."""
     folder = store.policies.fetch(version, str(policy_cache_dir()))
     played = play(actors.model_copy(update={"policy": folder, "groups": groups, "seed": seed}))
+    if line := sweep_cache(folder, version):
+        print(line)
     return {"policy_version": version, **played, "task_seed": seed}
+
+
+def sweep_cache(folder: str, version: int) -> str:
+    """Once `version` (at `folder`) has played: the local policy cache swept as the actors
+    sweep it (storage/policy_cache.py `VersionCache.sweep`: v0 and the newest two copies
+    kept, cut fetches' staging folders removed), so that evaluating every kept version of
+    an object store, or a chain of delta versions, leaves a bounded cache. Returns the
+    sweep's line ('' when nothing went, and for a local store's own folder, read in place
+    and never swept)."""
+    path = Path(folder).resolve()
+    if path.parent.parent != policy_cache_dir().resolve():
+        return ""
+    return VersionCache.at(path.parent).sweep(version).line()
 
 
 def evaluate_run(
@@ -89,16 +106,18 @@ def evaluate_run(
     store = store if isinstance(store, Store) else Store(store)
     rows = []
     versions = versions_to_evaluate(store, every)
+    meta = {b"gagpo.eval": f"groups={groups} group_size={actors.group_size} seed={seed}".encode()}
     for i, version in enumerate(versions, 1):
         rows.append(evaluate_version(store, version, actors, groups=groups, seed=seed))
         echo(
             f"held-out evaluation: v{version} ({i}/{len(versions)}): "
             f"success {rows[-1]['success_rate']:.1%}"
         )
-    meta = {b"gagpo.eval": f"groups={groups} group_size={actors.group_size} seed={seed}".encode()}
-    store.write_parquet(
-        pa.Table.from_pylist(rows, schema=C.HELDOUT_SCHEMA), layout.heldout(store.root), meta
-    )
+        # Rewritten (atomically) after every version: an evaluation stopped part-way
+        # keeps the versions it finished.
+        store.write_parquet(
+            pa.Table.from_pylist(rows, schema=C.HELDOUT_SCHEMA), layout.heldout(store.root), meta
+        )
     return rows
 
 
