@@ -99,94 +99,129 @@ def plan_run(
 ) -> Plan:
     """The processes `gagpo run` starts for this recipe; GagpoError for a layout that cannot
     work (checked against `gpus_visible` GPUs when it is known)."""
-    n_actors = len(run.actor_gpus) if run.actor_gpus else run.actors
+    n_actors = _actor_count(run)
+    check_gpu_ids(run, gpus_visible)
+    actor_share = _actor_share(run, actors)
+    learner_share = _check_fit(run, actor_share)
+    _check_learner_device(run, learner)
+    ranks = max(1, len(run.learner_gpus))
+    common = _thread_env(cpus, n_actors + ranks)
+    launch = _Launch(sys.executable, recipe, store, common)
+    processes = [
+        _actor_process(launch, i, run, actors, actor_share, run_id=run_id, args=actor_args)
+        for i in range(n_actors)
+    ]
+    processes.append(_learner_process(launch, run, learner_share, args=learner_args))
+    return Plan(processes)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What every process of the plan shares: the Python that runs it, the recipe and the
+    store it is given, and the environment of all of them (the thread counts)."""
+
+    python: str
+    recipe: Path
+    store: str
+    env: dict[str, str]
+
+
+def _actor_count(run) -> int:
+    """One actor per actor_gpus entry, else run.actors; both given must agree."""
     if run.actor_gpus and "actors" in run.model_fields_set and run.actors != len(run.actor_gpus):
         raise GagpoError(
             f"run.actors = {run.actors} but run.actor_gpus lists {len(run.actor_gpus)} GPUs; "
             "accepted: one actor_gpus entry per actor (or leave actors out)"
         )
-    check_gpu_ids(run, gpus_visible)
-    actor_share = _actor_share(run, actors)
-    learner_share = _check_fit(run, actor_share)
+    return len(run.actor_gpus) if run.actor_gpus else run.actors
+
+
+def _check_learner_device(run, learner) -> None:
+    """Several learner GPUs mean torchrun ranks on CUDA: a CPU learner cannot use them."""
     if len(run.learner_gpus) > 1 and learner.device == "cpu":
         raise GagpoError(
             f"run.learner_gpus lists {len(run.learner_gpus)} GPUs but learner.device = 'cpu'; "
             "accepted: device = 'cuda' or 'auto' with learner GPUs"
         )
-    ranks = max(1, len(run.learner_gpus))
-    threads = str(max(1, (cpus or os.cpu_count() or 1) // (n_actors + ranks)))
-    common = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    python = sys.executable
-    processes = []
-    for i in range(n_actors):
-        cmd = [
-            python,
-            "-m",
-            "gagpo.actors.cli",
-            "--config",
-            str(recipe),
-            "--store",
-            store,
-            "--follow",
-            "--run-id",
-            run_id,
-            "--seed",
-            str(actors.seed + i * SEED_STRIDE),
-            *actor_args,
-        ]
-        gpus: tuple[int, ...] = ()
-        env = dict(common)
-        if run.actor_gpus:
-            gpus = (run.actor_gpus[i],)
-            env |= {"CUDA_VISIBLE_DEVICES": str(gpus[0]), GPU_MEMORY_SHARE_ENV: f"{actor_share:g}"}
-            cmd += ["--device", "cuda", "--set", f"vllm.gpu_memory_utilization={actor_share:g}"]
-        processes.append(Process(f"actor {i}", cmd, gpus, actor_share if gpus else None, env))
-    learner_cmd = [
-        python,
+
+
+def _thread_env(cpus: int | None, processes: int) -> dict[str, str]:
+    """The machine's CPU threads (`cpus`, default all) split evenly between `processes`,
+    at least one each, as the BLAS and OpenMP thread counts every process is given."""
+    threads = str(max(1, (cpus or os.cpu_count() or 1) // processes))
+    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+
+
+def _actor_process(
+    launch: _Launch, i: int, run, actors: ActorConfig, share: float, *, run_id: str, args
+) -> Process:
+    """Actor i: following the store under `run_id`, its task seeds SEED_STRIDE apart from
+    the other actors'; with actor_gpus, on its GPU alone with its memory share (given to
+    vLLM as gpu_memory_utilization, and to the process as GPU_MEMORY_SHARE_ENV)."""
+    cmd = [
+        launch.python,
+        "-m",
+        "gagpo.actors.cli",
+        "--config",
+        str(launch.recipe),
+        "--store",
+        launch.store,
+        "--follow",
+        "--run-id",
+        run_id,
+        "--seed",
+        str(actors.seed + i * SEED_STRIDE),
+        *args,
+    ]
+    gpus: tuple[int, ...] = ()
+    env = dict(launch.env)
+    if run.actor_gpus:
+        gpus = (run.actor_gpus[i],)
+        env |= {"CUDA_VISIBLE_DEVICES": str(gpus[0]), GPU_MEMORY_SHARE_ENV: f"{share:g}"}
+        cmd += ["--device", "cuda", "--set", f"vllm.gpu_memory_utilization={share:g}"]
+    return Process(f"actor {i}", cmd, gpus, share if gpus else None, env)
+
+
+def _learner_process(launch: _Launch, run, share: float, *, args) -> Process:
+    """The learner: on CPU or its one GPU as one process, or under torchrun with one rank
+    per learner GPU (`rank_command` is what each rank runs, which Ray starts per rank with
+    --ray instead: ray_placement.py). Its GPUs carry its memory share."""
+    cmd = [
+        launch.python,
         "-m",
         "gagpo.learner.cli",
         "--config",
-        str(recipe),
+        str(launch.recipe),
         "--store",
-        store,
-        *learner_args,
+        launch.store,
+        *args,
     ]
-    env = dict(common)
+    env = dict(launch.env)
     gpus = tuple(run.learner_gpus)
     if gpus:
         env |= {
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
-            GPU_MEMORY_SHARE_ENV: f"{learner_share:g}",
+            GPU_MEMORY_SHARE_ENV: f"{share:g}",
         }
-        learner_cmd += ["--set", "device=cuda"]
+        cmd += ["--set", "device=cuda"]
     rank_cmd: list[str] = []
     if len(gpus) > 1:
-        # torchrun on one node: one rank per GPU, each on cuda:LOCAL_RANK of its list. With
-        # --ray, Ray starts `rank_cmd` once per rank instead, with the rendezvous (ray_placement.py).
-        rank_cmd = learner_cmd
-        learner_cmd = [
-            python,
+        # torchrun on one node: one rank per GPU, each on cuda:LOCAL_RANK of its list
+        rank_cmd = cmd
+        cmd = [
+            launch.python,
             "-m",
             "torch.distributed.run",
             "--standalone",
             f"--nproc-per-node={len(gpus)}",
-            *learner_cmd[1:],
+            *cmd[1:],
         ]
-    processes.append(
-        Process(
-            "learner",
-            learner_cmd,
-            gpus,
-            learner_share if gpus else None,
-            env,
-            max(1, len(gpus)),
-            rank_cmd,
-        )
-    )
-    return Plan(processes)
+    return Process("learner", cmd, gpus, share if gpus else None, env, max(1, len(gpus)), rank_cmd)
 
 
 def check_gpu_ids(run, gpus_visible: int | None) -> None:
+    """Every GPU id is a device index, below `gpus_visible` when that is known; no
+    learner GPU is listed twice (one rank per GPU)."""
     for name in ("actor_gpus", "learner_gpus"):
         ids = getattr(run, name)
         if any(i < 0 for i in ids):
