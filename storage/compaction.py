@@ -207,55 +207,108 @@ def compact(
     result = CompactionResult()
     manifest = read_manifest(store)
     result.recovered = recover(store, manifest)
-    generation = manifest.generation if manifest else 0
-    segments = list(manifest.segments) if manifest else []
-    tables = _advantage_tables(store)  # tag → ids of its tables, listed once
-    written: list[Segment] = []
-    retired: list[Segment] = []
-    archived: set[str] = set()  # group ids moved
-    pending: dict[int, list[tuple[str, pa.Table, int]]] = {}  # group size → shards read
-    opened: dict[int, Segment | None] = {}  # group size → the segment its first one extends
+    writer = _SegmentWriter(store, manifest, ledger, segment_bytes, row_group_rows)
+    moved = writer.write_all(_read_shards(store, shards, result, progress))
+    if moved:
+        fault_point("compact-written")  # crash tests: every file written, nothing committed
+        new = _commit_manifest(store, manifest, writer, moved, check)
+        fault_point("compact-committed")  # crash tests: committed, the inbox not yet cleared
+        _count(result, new, writer, moved, ledger)
+        _clear_moved(store, new, writer, moved)
+        _prune_manifests(store)
+    result.seconds = time.perf_counter() - t0
+    return result
 
-    def flush(group_size: int) -> None:
+
+class _SegmentWriter:
+    """Steps 2 and 3 of one compaction: the shards read, gathered per group size, written
+    as segments of about `segment_bytes`; the first segment of a size absorbs the archive's
+    open segment of that size (which it then retires). Memory holds one segment's worth."""
+
+    def __init__(
+        self,
+        store: Store,
+        manifest: Manifest | None,
+        ledger: pa.Table | None,
+        segment_bytes: int,
+        row_group_rows: int,
+    ) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.segment_bytes = segment_bytes
+        self.row_group_rows = row_group_rows
+        self.segments = list(manifest.segments) if manifest else []
+        self.tables = _advantage_tables(store)  # tag → ids of its tables, listed once
+        self.written: list[Segment] = []
+        self.retired: list[Segment] = []
+        self.archived: set[str] = set()  # group ids moved
+        self.pending: dict[int, list[tuple[str, pa.Table, int]]] = {}  # group size → shards read
+        self.opened: dict[int, Segment | None] = {}  # group size → the segment its first extends
+
+    def write_all(self, reads) -> list[ShardRef]:
+        """Write every shard `reads` yields (ref, table, bytes, group size) into segments,
+        a segment as soon as the next shard would take it past the target size, the rest
+        at the end in group-size order; returns the shards moved, in the order read."""
+        moved: list[ShardRef] = []
+        for ref, table, size, group_size in reads:
+            if group_size not in self.opened:
+                self.opened[group_size] = _open_segment(
+                    self.segments, group_size, self.segment_bytes
+                )
+            chunk = self.pending.setdefault(group_size, [])
+            open_segment = self.opened[group_size]
+            first = open_segment.bytes if open_segment is not None else 0
+            if chunk and first + sum(piece[2] for piece in chunk) + size > self.segment_bytes:
+                self.flush(group_size)
+                chunk = self.pending.setdefault(group_size, [])
+            chunk.append((ref.shard_id, table, size))
+            self.archived.update(table[C.GROUP_ID].unique().to_pylist())
+            moved.append(ref)
+        for group_size in sorted(self.pending):
+            self.flush(group_size)
+        return moved
+
+    def flush(self, group_size: int) -> None:
         """Write the shards read for `group_size` as one segment (the first absorbing the
-        open segment of that size), then let them go: memory holds one segment's worth."""
-        chunk = pending.pop(group_size, [])
+        open segment of that size), then let them go."""
+        chunk = self.pending.pop(group_size, [])
         if not chunk:
             return
-        open_segment = opened.get(group_size)
+        open_segment = self.opened.get(group_size)
         base = []
         if open_segment is not None:
-            retired.append(open_segment)
-            base.append(_segment_with_ledger(store, open_segment))
-        opened[group_size] = None  # later chunks of this size start new segments
+            self.retired.append(open_segment)
+            base.append(_segment_with_ledger(self.store, open_segment))
+        self.opened[group_size] = None  # later chunks of this size start new segments
         segment = _write_segment(
-            store, chunk, base, ledger, group_size, tables, row_group_rows, open_segment
+            self.store,
+            chunk,
+            base,
+            self.ledger,
+            group_size,
+            self.tables,
+            self.row_group_rows,
+            open_segment,
         )
-        written.append(segment)
-        result.bytes_written += segment.bytes
+        self.written.append(segment)
 
-    moved: list[ShardRef] = []
-    for ref, table, size, group_size in _read_shards(store, shards, result, progress):
-        if group_size not in opened:
-            opened[group_size] = _open_segment(segments, group_size, segment_bytes)
-        chunk = pending.setdefault(group_size, [])
-        first = opened[group_size].bytes if opened[group_size] is not None else 0
-        if chunk and first + sum(piece[2] for piece in chunk) + size > segment_bytes:
-            flush(group_size)
-            chunk = pending.setdefault(group_size, [])
-        chunk.append((ref.shard_id, table, size))
-        archived.update(table[C.GROUP_ID].unique().to_pylist())
-        moved.append(ref)
-    for group_size in sorted(pending):
-        flush(group_size)
-    if not moved:
-        result.seconds = time.perf_counter() - t0
-        return result
-    fault_point("compact-written")  # crash tests: every file written, nothing committed
-    kept = [s for s in segments if s.id not in {r.id for r in retired}]
+
+def _commit_manifest(
+    store: Store,
+    manifest: Manifest | None,
+    writer: _SegmentWriter,
+    moved: list[ShardRef],
+    check: Callable[[], None] | None,
+) -> Manifest:
+    """Step 4: the list of the moved shards, then `check()` (the lease), then the next
+    generation's manifest by exclusive create, the commit point: a second compactor that
+    got there first refuses this one (one line), and nothing this one wrote is named."""
+    generation = manifest.generation if manifest else 0
+    retired = {r.id for r in writer.retired}
+    kept = [s for s in writer.segments if s.id not in retired]
     moved_file = moved_name(generation + 1, new_id())
     store.commit_bytes(moved_path(store, moved_file), moved_json([r.shard_id for r in moved]))
-    new = Manifest(generation + 1, tuple(kept + written), moved_file, len(moved))
+    new = Manifest(generation + 1, tuple(kept + writer.written), moved_file, len(moved))
     if check is not None:
         check()
     if not store.create_exclusive(manifest_path(store, new.generation), new.to_json()):
@@ -263,15 +316,39 @@ def compact(
             f"store {store.url}: archive generation {new.generation} was committed by another "
             "compactor; one compactor per store (the learner holding the lease, or gagpo compact)"
         )
-    fault_point("compact-committed")  # crash tests: committed, the inbox not yet cleared
+    return new
+
+
+def _count(
+    result: CompactionResult,
+    new: Manifest,
+    writer: _SegmentWriter,
+    moved: list[ShardRef],
+    ledger: pa.Table | None,
+) -> None:
+    """What the committed generation moved, into `result`: a merged segment's groups and
+    rows count once (the retired segment's are subtracted), and the groups archived are
+    those of the moved shards that the ledger holds."""
+    written, retired = writer.written, writer.retired
     result.generation = new.generation
     result.segments = len(written)
     result.shards = len(moved)
+    result.bytes_written = sum(s.bytes for s in written)
     result.groups = sum(s.groups for s in written) - sum(s.groups for s in retired)
     result.rows = sum(s.rows for s in written) - sum(s.rows for s in retired)
     if ledger is not None and ledger.num_rows:
-        result.groups_archived = archived & set(ledger[C.GROUP_ID].to_pylist())
-    gone = [r.shard_id for r in moved] + [old.id for old in retired]
+        result.groups_archived = writer.archived & set(ledger[C.GROUP_ID].to_pylist())
+
+
+def _clear_moved(
+    store: Store, new: Manifest, writer: _SegmentWriter, moved: list[ShardRef]
+) -> None:
+    """Step 5: remove the advantage tables of the moved shards and retired segments, then
+    the moved shards and the run folders they emptied; commit the generation's `cleared`
+    marker so readers stop reading its moved list; then remove the retired segments and
+    their ledger parts."""
+    gone = [r.shard_id for r in moved] + [old.id for old in writer.retired]
+    tables = writer.tables
     _remove(
         store,
         [store.advantages_path(tag, i) for tag, ids in tables.items() for i in gone if i in ids],
@@ -279,11 +356,8 @@ def compact(
     _remove(store, [r.path for r in moved])
     _remove_empty_folders(store, {posixpath.dirname(r.path) for r in moved})
     store.commit_bytes(cleared_path(store, new.generation), b"")  # readers skip the moved list
-    for old in retired:
+    for old in writer.retired:
         _remove(store, [ledger_part_path(store, old.id), segment_path(store, old.id)])
-    _prune_manifests(store)
-    result.seconds = time.perf_counter() - t0
-    return result
 
 
 def _prune_manifests(store: Store) -> None:
