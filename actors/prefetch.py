@@ -20,12 +20,13 @@ do the staging folders of cut fetches; what was removed, and its size, is one li
 
 from __future__ import annotations
 
-import threading
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from gagpo.schemas.errors import GagpoError, first_line
+from gagpo.storage.background import Background
 from gagpo.storage.policy_cache import Swept, VersionCache
 from gagpo.storage.registry import LoadLog
 
@@ -42,32 +43,34 @@ class Fetched:
 
 
 class Prefetcher:
-    """The background download of the newest version LATEST names; polled by the actor."""
+    """The background download of the newest version LATEST names; polled by the actor.
+    One download at a time, in a daemon thread (storage/background.py): a download still
+    running when the actor exits must not hold the process, and its staging folder is
+    never named as the version (registry.fetch)."""
 
     def __init__(self, store, cache_dir: str, warn) -> None:
         self._store, self._cache_dir, self._warn = store, cache_dir, warn
-        self._thread: threading.Thread | None = None
-        self._version: int | None = None  # being fetched by `_thread`
-        self._outcome: Fetched | BaseException | None = None
+        self._job = Background(daemon=True)
+        self._version: int | None = None  # the version of the download handed to `_job`
         self._log: LoadLog | None = None  # created at the first load
 
     def ready(self, held: int) -> Fetched | None:
         """A local version newer than `held` to load now, or None. Starts a download when
         LATEST names a version newer than `held` and than the one just fetched, and none
         is running."""
-        fetched = self._harvest()
+        fetched = self._harvest(self._job.poll)
         if fetched is not None and fetched.version <= held:
             fetched = None
-        if self._thread is None:
+        if not self._job.pending:
             newest = fetched.version if fetched is not None else held
             latest = self._store.policies.latest()
             if latest is not None and latest > newest:
-                self._start(latest)
+                self._version = latest
+                self._job.submit(functools.partial(self._fetch, latest), name=f"fetch-v{latest}")
                 # A local store's full version is its own folder: nothing to download. A
                 # delta version is applied in the background like a download.
                 if self._store.is_local and not self._store.policies.is_delta(latest):
-                    self._thread.join()
-                    fetched = self._harvest() or fetched
+                    fetched = self._harvest(self._job.wait) or fetched
         return fetched
 
     def record(self, load, run_id: str) -> None:
@@ -82,46 +85,29 @@ class Prefetcher:
         except (OSError, GagpoError) as exc:
             self._warn(f"recording the load of policy v{load.version} failed ({first_line(exc)})")
 
-    @property
-    def fetching(self) -> int | None:
-        """The version being downloaded now, if any."""
-        return self._version if self._thread is not None else None
-
-    def _start(self, version: int) -> None:
-        self._version, self._outcome = version, None
-        # A daemon: a download still running when the actor exits must not hold the
-        # process; its staging folder is never named as the version (registry.fetch).
-        self._thread = threading.Thread(
-            target=self._fetch, args=(version,), name=f"fetch-v{version}", daemon=True
-        )
-        self._thread.start()
-
-    def _fetch(self, version: int) -> None:
+    def _fetch(self, version: int) -> Fetched:
         t0 = time.perf_counter()
-        try:
-            if not self._store.policies.has(version):  # pruned (a local fetch would not say)
-                raise FileNotFoundError(self._store.policies.dir(version))
-            folder = Path(self._store.policies.fetch(version, self._cache_dir))
-            seconds = time.perf_counter() - t0
-            swept = None
-            if folder.parent.parent == Path(self._cache_dir):  # a copy: the cache has grown
-                swept = VersionCache.at(folder.parent).sweep(version)
-            self._outcome = Fetched(version, folder, seconds, swept)
-        except BaseException as exc:  # handed to the actor's thread by `_harvest`
-            self._outcome = exc
+        if not self._store.policies.has(version):  # pruned (a local fetch would not say)
+            raise FileNotFoundError(self._store.policies.dir(version))
+        folder = Path(self._store.policies.fetch(version, self._cache_dir))
+        seconds = time.perf_counter() - t0
+        swept = None
+        if folder.parent.parent == Path(self._cache_dir):  # a copy: the cache has grown
+            swept = VersionCache.at(folder.parent).sweep(version)
+        return Fetched(version, folder, seconds, swept)
 
-    def _harvest(self) -> Fetched | None:
-        """The finished download's result (None while one runs, or when it failed)."""
-        if self._thread is None or self._thread.is_alive():
+    def _harvest(self, take) -> Fetched | None:
+        """The download's result as `take` (`_job.poll` or `_job.wait`) hands it over: None
+        while one runs, when none ended, or when it failed (said in one line, unless the
+        version was pruned: LATEST is read again at the next poll)."""
+        version = self._version
+        try:
+            fetched = take()
+        except Exception as exc:
+            if isinstance(exc, FileNotFoundError) and not self._store.policies.has(version):
+                return None  # pruned by the learner before we read it
+            self._warn(f"fetching policy v{version} failed ({exc}); retrying at the next poll")
             return None
-        self._thread.join()
-        outcome, version = self._outcome, self._version
-        self._thread, self._version, self._outcome = None, None, None
-        if isinstance(outcome, Fetched):
-            if outcome.swept is not None and outcome.swept.line():
-                self._warn(outcome.swept.line())
-            return outcome
-        if isinstance(outcome, FileNotFoundError) and not self._store.policies.has(version):
-            return None  # pruned by the learner before we read it: LATEST is read again
-        self._warn(f"fetching policy v{version} failed ({outcome}); retrying at the next poll")
-        return None
+        if fetched is not None and fetched.swept is not None and fetched.swept.line():
+            self._warn(fetched.swept.line())
+        return fetched

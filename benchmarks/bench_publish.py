@@ -168,7 +168,7 @@ def run_setting(
     from gagpo.learner.config import LearnerConfig
     from gagpo.learner.dist import Dist
     from gagpo.learner.feed import TRAINED, GroupRef, Ledger
-    from gagpo.learner.publish import write_version
+    from gagpo.learner.publish import Publisher, VersionCopy, take_weights
     from gagpo.learner.train import Parts, make_optimizer
     from gagpo.storage.store import Store
 
@@ -206,7 +206,9 @@ def run_setting(
     refs = [GroupRef("run", f"s{i // 4}", f"g{i:08d}", 0, 4, 0.0) for i in range(1000)]
     ledger.record(refs, TRAINED, 1, 0)
     # Untimed: the first write pays one-time costs (imports, allocator) in either setting.
-    write_version(Store(str(work / "warm-up")), model, base, 1, dtype=parts.publish_dtype)
+    dtype = parts.publish_dtype
+    warm_up = Publisher(Store(str(work / "warm-up")), model, base, keep=1, asynchronous=False)
+    warm_up.write(VersionCopy(1, 1, take_weights(model, dtype=dtype, copy=False), None, dtype))
     head, critical, compute, written = Head(0, 0, None), [], [], 0
     t_start = time.perf_counter()
     for update in range(1, updates + 1):

@@ -17,9 +17,9 @@ archive, a follow-mode learner reads only the inbox.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
-import threading
 import time
 
 import click
@@ -33,6 +33,7 @@ from gagpo.schemas.cli_models import ModelOptions
 from gagpo.schemas.config import RUN_ID_PATTERN
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.archive import read_ledger, tail_ledger_path
+from gagpo.storage.background import Background
 from gagpo.storage.compaction import CompactionResult, compact
 from gagpo.storage.store import ShardRef, Store
 
@@ -59,13 +60,13 @@ def consumed_shards(
 
 
 class Compactor:
-    """The learner's background compaction (see the module docstring)."""
+    """The learner's background compaction (see the module docstring): one at a time, in
+    a daemon thread (storage/background.py; a compaction cut by the process's exit is
+    finished by the next one), its error raised by the `collect` that takes it."""
 
     def __init__(self, store: Store, settings: CompactionSettings, echo=None) -> None:
         self.store, self.settings, self.echo = store, settings, echo
-        self._thread: threading.Thread | None = None
-        self._result: CompactionResult | None = None
-        self._error: BaseException | None = None
+        self._job = Background(daemon=True)
         self._last_update: int | None = None
         self.compactions = 0
         self.seconds = 0.0
@@ -82,9 +83,9 @@ class Compactor:
 
     def maybe_start(self, ledger_table, update: int, consumed_bytes: int = 0) -> bool:
         """Start a compaction of the shards consumed by published updates ≤ `update` if one
-        is due and none is running (`ledger_table()`: the whole ledger, asked only then);
-        returns whether one started."""
-        if self._thread is not None or not self.due(update, consumed_bytes):
+        is due and none is pending (running, or its result not yet collected);
+        `ledger_table()`: the whole ledger, asked only then. Returns whether one started."""
+        if self._job.pending or not self.due(update, consumed_bytes):
             return False
         refs, rows = consumed_shards(self.store.list_shards(), ledger_table(), update)
         self._last_update = update
@@ -92,33 +93,18 @@ class Compactor:
             return False
         from gagpo.learner.lease import check_lease
 
-        def work() -> None:
-            try:
-                self._result = compact(
-                    self.store,
-                    refs,
-                    rows,
-                    check=lambda: check_lease(self.store),
-                    segment_bytes=int(self.settings.segment_mib * 2**20),
-                )
-            except BaseException as exc:  # handed to the update loop, which raises it
-                self._error = exc
-
-        self._thread = threading.Thread(target=work, name="gagpo-compaction", daemon=True)
-        self._thread.start()
+        segment_bytes = int(self.settings.segment_mib * 2**20)
+        check = functools.partial(check_lease, self.store)
+        job = functools.partial(
+            compact, self.store, refs, rows, check=check, segment_bytes=segment_bytes
+        )
+        self._job.submit(job, name="gagpo-compaction")
         return True
 
     def collect(self, wait: bool = False) -> CompactionResult | None:
         """The result of the finished compaction (None if none finished); with `wait`,
         wait for a running one. A compaction that failed raises its error here."""
-        if self._thread is None or (self._thread.is_alive() and not wait):
-            return None
-        self._thread.join()
-        self._thread = None
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-        result, self._result = self._result, None
+        result = self._job.wait() if wait else self._job.poll()
         if result is not None and result.generation is not None:
             self.compactions += 1
             self.seconds += result.seconds

@@ -16,9 +16,11 @@ is a crashed attempt: it is removed before being rewritten.
                   tensors it owns), model.safetensors.index.json and the rest by rank 0,
                   .rank-<r> once rank r's file is in, then .complete (`write_shard`)
 
-The learner publishes through `Publisher`: the critical path copies the weights (in the
-published dtype) and a thread writes the folder, commits the marker, then moves LATEST,
-one version at a time, while the next update runs.
+The learner publishes full weights through `Publisher`: the critical path copies the
+weights (in the published dtype) and a thread (storage/background.py) writes the folder,
+commits the marker, then moves LATEST, one version at a time, while the next update runs;
+`close` ends a run. A LoRA adapter (`publish = "adapter"`) is written at once
+(`write_version`), then pointed at (`point_latest`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import re
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from gagpo.learner.faults import fault_point
 from gagpo.learner.lease import check_lease
 from gagpo.schemas.layout import LINEAGE
 from gagpo.storage import folders
+from gagpo.storage.background import Background
 from gagpo.storage.delta import DeltaPublisher
 from gagpo.storage.faults import set_thread_ordinal
 from gagpo.storage.folders import (  # noqa: F401  (the folder protocol's names, as before)
@@ -103,60 +105,27 @@ def prune_versions(store: Store, keep: int, every: int = 0) -> list[int]:
     return doomed
 
 
-def publish_version(
-    store: Store,
-    model,
-    base_dir: Path,
-    version: int,
-    keep: int,
-    lora=None,
-    *,
-    main: bool = True,
-    lineage: dict | None = None,
-    keep_every: int = 0,
-    dtype: torch.dtype | None = None,
-) -> str | None:
-    """Write policy `version` (HF format, with its `lineage` record), then point LATEST at
-    it, then prune to `keep` (and every `keep_every`-th version). `write_version` and
-    `point_latest` are the two halves, for a caller with work between them (the learner
-    writes its metrics row there)."""
-    write_version(store, model, base_dir, version, lora, main=main, lineage=lineage, dtype=dtype)
-    if not main:
-        return None
-    point_latest(store, version, keep, keep_every)
-    return store.policies.dir(version)
-
-
 def write_version(
     store: Store,
     model,
     base_dir: Path,
     version: int,
-    lora=None,
+    lora,
     *,
     main: bool = True,
     lineage: dict | None = None,
-    dtype: torch.dtype | None = None,
 ) -> int:
-    """Write the complete folder of policy `version`, not yet pointed at; return the bytes
-    written (0 on ranks other than `main`). Full weights are cast to `dtype` when given
-    (bf16: what actors serve on a GPU, half of fp32's bytes), and config.json says so; a
-    LoRA adapter (`publish = "adapter"`) is written as trained.
-
-    A sharded (FSDP) model is gathered first, a collective: every rank calls this and
-    only `main` writes; the files are the same as an unsharded model's."""
-    if lora is not None and lora.publish == "adapter":
-        if not main:
-            return 0
-        with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
-            folder = Path(tmp)
-            copy_tokenizer_files(base_dir, folder)
-            write_adapter(model, folder, base_dir, lora)
-            return _put_version(store, folder, version, lineage)
-    weights = take_weights(model, main=main, dtype=dtype, copy=False)
+    """Write policy `version` as a PEFT adapter of the base model (`lora.publish =
+    "adapter"`, with the tokenizer files of `base_dir` and its `lineage` record) at once,
+    not yet pointed at (`point_latest`); return the bytes written (0 on ranks other than
+    `main`). Full weights, merged LoRA ones included, go through `Publisher` instead."""
     if not main:
         return 0
-    return write_weights(store, model, base_dir, VersionCopy(version, 0, weights, lineage, dtype))
+    with tempfile.TemporaryDirectory(prefix="gagpo-publish-") as tmp:
+        folder = Path(tmp)
+        copy_tokenizer_files(base_dir, folder)
+        write_adapter(model, folder, base_dir, lora)
+        return _put_version(store, folder, version, lineage)
 
 
 @dataclass
@@ -351,53 +320,29 @@ def write_adapter(model, folder: Path, base_dir: Path, lora) -> None:
 
 
 # --- writing off the critical path ----------------------------------------------------
-class Background:
-    """Writes one job at a time: in a thread (`asynchronous`) or at once on the caller's.
-    A job handed over first waits for the one before it; a job's error is raised on the
-    caller's thread by the next `run` or `wait`. Each job returns the bytes it wrote,
-    summed until `take_bytes`."""
+class Writer(Background):
+    """Writes one folder at a time (storage/background.py): in a thread (`asynchronous`)
+    or at once on the caller's. Not a daemon: a learner that stops on an error still
+    finishes what it began. A job's fault points count as its `update`'s, whatever
+    update runs meanwhile; each job returns the bytes it wrote, summed until
+    `take_bytes`."""
 
     def __init__(self, *, asynchronous: bool = True) -> None:
-        self.asynchronous = asynchronous
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        super().__init__(asynchronous=asynchronous)
         self._lock = threading.Lock()
         self._bytes = 0  # written by finished jobs, not yet taken by a metrics row
 
-    def run(self, job: Callable[[], int], *, name: str, update: int | None) -> None:
-        """Run `job` (after the one in flight); its fault points count as `update`'s."""
-        self.wait()
-        if not self.asynchronous:
-            self._work(job, None)
-            self.wait()
-            return
-        # Not a daemon: a learner that stops on an error still finishes what it began.
-        self._thread = threading.Thread(target=self._work, args=(job, update), name=name)
-        self._thread.start()
+    def submit(self, job: Callable[[], int], *, name: str, update: int | None = None) -> None:
+        """Run `job` after the one in flight (storage/background.py `Background.submit`)."""
+        super().submit(functools.partial(self._count, job, update), name=name)
 
-    def _work(self, job: Callable[[], int], update: int | None) -> None:
-        if update is not None:  # crash tests hold "<phase>:N" in update N's job
-            set_thread_ordinal(update)
-        try:
-            written = job()
-            with self._lock:
-                self._bytes += written
-        except BaseException as error:  # raised on the learner's own thread, at the next wait
-            self._error = error
-
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def wait(self) -> float:
-        """Until the job in flight, if any, is done; returns the seconds waited."""
-        t0 = time.perf_counter()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return time.perf_counter() - t0
+    def _count(self, job: Callable[[], int], update: int | None) -> int:
+        if update is not None and self.asynchronous:  # the caller's thread keeps its own
+            set_thread_ordinal(update)  # crash tests hold "<phase>:N" in update N's job
+        written = job()
+        with self._lock:
+            self._bytes += written
+        return written
 
     def take_bytes(self) -> int:
         """Bytes of the jobs finished since the last call."""
@@ -406,7 +351,7 @@ class Background:
         return taken
 
 
-class Publisher(Background):
+class Publisher(Writer):
     """Publishes policy versions in order, at most one in flight: the thread writes the
     version's folder, commits its marker, then points LATEST at it and prunes. LATEST
     therefore only ever moves to a complete folder, and a kill while a version is in
@@ -429,7 +374,8 @@ class Publisher(Background):
         self.delta = DeltaPublisher(delta_every, keep_every) if delta_every else None
 
     def publish(self, version: VersionCopy) -> None:
-        self.run(
+        """Hand `version` to the thread (after the one in flight): written, then LATEST."""
+        self.submit(
             functools.partial(self._publish, version),
             name=f"gagpo-publish-v{version.version}",
             update=version.update,
@@ -447,3 +393,13 @@ class Publisher(Background):
         if version.shards is None or version.shards.rank == 0:
             point_latest(self.store, version.version, self.keep, self.keep_every)
         return written
+
+    def close(self) -> None:
+        """The end of a run: wait for the version in flight (its error raised here), then
+        drop the previous version's weights files held for the next delta (a full copy of
+        the model on the local disk)."""
+        try:
+            super().close()
+        finally:
+            if self.delta is not None:
+                self.delta.close()

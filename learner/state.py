@@ -51,7 +51,7 @@ from gagpo.learner.dist import is_sharded, local_optimizer_state, rank_and_world
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import check_lease
 from gagpo.learner.publish import (
-    Background,
+    Writer,
     commit_shard,
     folder_bytes,
     is_complete,
@@ -275,8 +275,8 @@ def save_state(
     return write_state(store, snapshot) if snapshot is not None else 0
 
 
-class StateWriter(Background):
-    """Writes training states one at a time (`Background`): in a thread (`asynchronous`)
+class StateWriter(Writer):
+    """Writes training states one at a time (`Writer`): in a thread (`asynchronous`)
     or at once. Each finished state then prunes to the newest `keep` (`prune`: the main
     rank's writer; under FSDP every rank has one, for its own file)."""
 
@@ -287,7 +287,7 @@ class StateWriter(Background):
         self.store, self.keep, self.prune = store, keep, prune
 
     def save(self, snapshot: StateSnapshot) -> None:
-        self.run(
+        self.submit(
             functools.partial(self._write, snapshot),
             name=f"gagpo-state-v{snapshot.version}",
             update=snapshot.record.get("update"),

@@ -367,7 +367,7 @@ class Trainer:
         and every state written, so that --resume continues exactly. The version in flight,
         if any, is published first: a state never names an unpublished version."""
         if self.publisher is not None:
-            self.publisher.wait()
+            self.publisher.close()
         if self._takes_part and self.state_version != head.version:
             record = read_lineage(self.store, head.version) if self.dist.main else {}
             self._save_state(head.version, record, ledger)

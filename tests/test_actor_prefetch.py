@@ -113,13 +113,17 @@ def test_the_loads_are_on_the_progress_and_closing_lines(capsys):
 
 
 class _FakeRegistry:
-    """LATEST and a download per version that a test controls."""
+    """LATEST and a download per version that a test controls; it records which downloads
+    started, which ended, and how many ran at once."""
 
     def __init__(self) -> None:
         self.latest_version: int | None = None
         self.gates: dict[int, threading.Event] = {}
         self.failures: dict[int, int] = {}
+        self.started: list[int] = []
         self.fetched: list[int] = []
+        self.running = self.most_at_once = 0
+        self._lock = threading.Lock()
 
     def latest(self):
         return self.latest_version
@@ -135,12 +139,20 @@ class _FakeRegistry:
         return self.gates.setdefault(version, threading.Event())
 
     def fetch(self, version: int, cache_dir: str) -> str:
-        self.gate(version).wait(timeout=30)
-        if self.failures.get(version, 0):
-            self.failures[version] -= 1
-            raise OSError("connection reset")
-        self.fetched.append(version)
-        return f"{cache_dir}/v{version}"
+        with self._lock:
+            self.started.append(version)
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            self.gate(version).wait(timeout=30)
+            if self.failures.get(version, 0):
+                self.failures[version] -= 1
+                raise OSError("connection reset")
+            self.fetched.append(version)
+            return f"{cache_dir}/v{version}"
+        finally:
+            with self._lock:
+                self.running -= 1
 
 
 def _prefetcher() -> tuple[Prefetcher, _FakeRegistry, list[str]]:
@@ -149,50 +161,63 @@ def _prefetcher() -> tuple[Prefetcher, _FakeRegistry, list[str]]:
     return Prefetcher(store, "cache", warnings.append), registry, warnings
 
 
-def _settle(prefetch: Prefetcher) -> None:
-    thread = prefetch._thread
-    if thread is not None:
-        thread.join(timeout=30)
+def _until(condition, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.01)
+
+
+def _poll(prefetch: Prefetcher, held: int):
+    """What the actor's polls get once the download in flight has ended."""
+    found: list = []
+    _until(lambda: found.append(prefetch.ready(held)) or found[-1] is not None, "ready")
+    return found[-1]
 
 
 def test_a_newer_version_during_a_download_is_fetched_next():
     prefetch, registry, _ = _prefetcher()
     registry.latest_version = 1
-    assert prefetch.ready(0) is None and prefetch.fetching == 1
+    assert prefetch.ready(0) is None
+    _until(lambda: registry.started == [1], "started v1")
     registry.latest_version = 2  # LATEST moves while v1 downloads
-    assert prefetch.ready(0) is None and prefetch.fetching == 1  # one download at a time
+    assert prefetch.ready(0) is None  # v1 is not done, and v2 waits for it
+    time.sleep(0.2)  # room for a second download, were one started
+    assert registry.started == [1]  # one download at a time
     registry.gate(1).set()
-    _settle(prefetch)
-    fetched = prefetch.ready(0)
-    assert fetched is not None and fetched.version == 1  # the newest local version
-    assert prefetch.fetching == 2  # and the newer one is on its way
+    fetched = _poll(prefetch, 0)
+    assert fetched.version == 1  # the newest local version
+    _until(lambda: registry.started == [1, 2], "started v2")  # the newer one is on its way
     registry.gate(2).set()
-    _settle(prefetch)
-    assert prefetch.ready(1).version == 2
-    assert prefetch.ready(2) is None and prefetch.fetching is None
-    assert registry.fetched == [1, 2]
+    assert _poll(prefetch, 1).version == 2
+    assert prefetch.ready(2) is None
+    time.sleep(0.2)
+    assert registry.fetched == [1, 2] and registry.started == [1, 2]  # nothing newer to fetch
+    assert registry.most_at_once == 1
 
 
 def test_a_finished_download_older_than_the_held_version_is_dropped():
     prefetch, registry, _ = _prefetcher()
     registry.latest_version = 1
     registry.gate(1).set()
-    prefetch.ready(0)
-    _settle(prefetch)
-    assert prefetch.ready(1) is None  # the actor holds v1 already: nothing to load
+    assert prefetch.ready(0) is None
+    _until(lambda: registry.fetched == [1], "fetched v1")
+    registry.latest_version = 2
+    registry.gate(2).set()
+    # The actor holds v1 already (the polls say so): v1 is never handed out, v2 is.
+    assert _poll(prefetch, 1).version == 2
+    assert registry.fetched == [1, 2]
 
 
 def test_a_failed_download_is_one_line_and_retried():
     prefetch, registry, warnings = _prefetcher()
     registry.latest_version, registry.failures[3] = 3, 1
     registry.gate(3).set()
-    prefetch.ready(0)
-    _settle(prefetch)
-    assert prefetch.ready(0) is None  # the failure is harvested; a retry starts
+    # The poll that takes the failure says it and starts the retry (so it returns None).
+    _until(lambda: prefetch.ready(0) is None and warnings, "harvested the failure")
     assert warnings == ["fetching policy v3 failed (connection reset); retrying at the next poll"]
-    assert prefetch.fetching == 3
-    _settle(prefetch)
-    assert prefetch.ready(0).version == 3 and registry.fetched == [3]
+    assert _poll(prefetch, 0).version == 3  # the retry, started by the poll that said it
+    assert registry.started == [3, 3] and registry.fetched == [3]
 
 
 def test_a_failed_download_leaves_nothing_in_the_cache(s3_endpoint, tmp_path: Path, monkeypatch):

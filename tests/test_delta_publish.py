@@ -196,6 +196,33 @@ def test_a_learner_publishes_deltas_and_resumes_from_one(store_dir):
     assert policies.latest() == 5 and policies.stored() == [0, 4, 5]
 
 
+def test_closing_the_publisher_publishes_the_last_version_and_drops_the_held_base(
+    tmp_path, monkeypatch
+):
+    """`Publisher.close`, the end of a learner's run (learner/train.py `Trainer.finish`):
+    the version in flight is published first, then the full weights files held for the
+    next delta (a whole copy of the model on the local disk) are removed at once, not
+    whenever the publisher is collected; a later publication is refused."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    store = Store(str(tmp_path / "store"))
+    model = load_model(tiny_model_dir(), torch.device("cpu"))
+    publisher = P.Publisher(store, model, tiny_model_dir(), keep=5, delta_every=EVERY)
+    weights = P.take_weights(model, dtype=torch.bfloat16)
+    publisher.publish(P.VersionCopy(1, 1, weights, None, torch.bfloat16))
+    (held,) = scratch.glob("gagpo-delta-*")
+    publisher.close()
+    assert store.policies.latest() == 1 and P.is_complete(store, store.policies.dir(1))
+    assert not held.exists() and publisher.take_bytes() > 0
+    with pytest.raises(RuntimeError, match="closed"):
+        publisher.publish(P.VersionCopy(2, 2, weights, None, torch.bfloat16))
+    publisher.close()  # a second close: nothing left to do or raise
+    assert store.policies.latest() == 1
+
+
 def test_a_delta_version_on_an_object_store_is_fetched_whole(s3_endpoint, tmp_path):
     """On S3 every version is downloaded: a fresh reader gets v1 (full) and v2's delta, and
     applies it; the cache then holds both, whole, and no staging folder."""

@@ -386,7 +386,7 @@ def test_vllm_group_logprobs_match_a_recomputation_and_hot_reload(tmp_path: Path
     from transformers import AutoModelForCausalLM
 
     from gagpo.actors.policies.presets import tiny_dir
-    from gagpo.learner.publish import publish_version
+    from tests.helpers.publication import publish
 
     folder = tiny_dir()
     policy = _vllm_policy(folder, gpu_memory_utilization=0.3)
@@ -406,7 +406,7 @@ def test_vllm_group_logprobs_match_a_recomputation_and_hot_reload(tmp_path: Path
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
-    publish_version(store, model.cpu(), folder, 1, keep=3)
+    publish(store, model.cpu(), folder, 1)
     engine = policy.engine
     policy.load_version(Path(store.policies.dir(1)), 1)
     assert policy.engine is engine and policy.version == 1  # same engine, new weights

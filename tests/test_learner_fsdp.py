@@ -286,7 +286,7 @@ import json, sys, torch, torch.distributed as dist
 from pathlib import Path
 from gagpo.learner.dist import barrier, init_dist, owned_weights, shard_model
 from gagpo.learner.model import load_model
-from gagpo.learner.publish import Publisher, Shards, VersionCopy, write_version
+from gagpo.learner.publish import Publisher, Shards, VersionCopy, take_weights
 from gagpo.storage.store import Store
 torch.set_num_threads(1)
 d = init_dist("cpu")
@@ -301,8 +301,9 @@ publisher.publish(VersionCopy(1, 1, weights, {"version": 1}, dtype, Shards(d.ran
 publisher.wait()
 barrier(d)
 if d.main:  # the same weights, unsharded, as a single process publishes them
-    whole = Store(str(out / "whole"))
-    write_version(whole, load_model(base, torch.device("cpu")), base, 1, dtype=dtype)
+    whole, unsharded = Store(str(out / "whole")), load_model(base, torch.device("cpu"))
+    single = Publisher(whole, unsharded, base, keep=3, asynchronous=False)
+    single.write(VersionCopy(1, 1, take_weights(unsharded, dtype=dtype, copy=False), None, dtype))
 dist.destroy_process_group()
 """
 

@@ -113,6 +113,7 @@ def test_a_learner_that_lost_its_lease_stops_before_publishing(tmp_path):
 
 def test_publication_checks_the_lease_before_latest(tmp_path, monkeypatch):
     from gagpo.learner import publish
+    from tests.helpers import publication
 
     store = Store(str(tmp_path / "s"))
     lease = acquire(store, ttl_s=TTL)
@@ -127,7 +128,7 @@ def test_publication_checks_the_lease_before_latest(tmp_path, monkeypatch):
 
     monkeypatch.setattr("gagpo.learner.model.lora_modules", lambda model: [])
     with pytest.raises(LeaseLostError):
-        publish.publish_version(store, Model(), tmp_path, 4, keep=10)
+        publication.publish(store, Model(), tmp_path, 4, keep=10)
     assert store.policies.latest() == 3  # LATEST never moved
 
 

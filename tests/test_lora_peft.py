@@ -14,13 +14,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gagpo.learner import publish as P
 from gagpo.learner.cli import learner_command
 from gagpo.learner.config import LearnerConfig, LoraSettings
 from gagpo.learner.model import add_lora, load_model, lora_modules
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.store import Store
 from tests.helpers.learner import VOCAB, tiny_model_dir
+from tests.helpers.publication import publish
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -67,7 +67,7 @@ def test_adapter_folder_loads_with_transformers_and_peft_and_gives_the_same_logi
     lora = LoraSettings(
         enabled=True, rank=4, alpha=8.0, dropout=0.05, target_modules=TARGETS, publish="adapter"
     )
-    folder = Path(P.publish_version(store, model, tiny_model_dir(), 1, keep=3, lora=lora))
+    folder = Path(publish(store, model, tiny_model_dir(), 1, lora=lora))
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
     assert config["lora_dropout"] == 0.05 and sorted(config["target_modules"]) == sorted(TARGETS)
@@ -85,7 +85,7 @@ def test_merged_publication_gives_the_same_logits(tmp_path):
 
     store = Store(str(tmp_path / "store"))
     model = lora_model(seed=3)
-    folder = P.publish_version(store, model, tiny_model_dir(), 1, keep=3)
+    folder = publish(store, model, tiny_model_dir(), 1)
     merged = AutoModelForCausalLM.from_pretrained(
         folder, local_files_only=True, use_safetensors=True, dtype=torch.float32
     ).eval()
@@ -151,7 +151,7 @@ def test_actors_on_transformers_serve_an_adapter_version_as_the_learner_has_it(t
     lora = LoraSettings(
         enabled=True, rank=2, alpha=4.0, target_modules=["q_proj", "v_proj"], publish="adapter"
     )
-    folder = Path(P.publish_version(store, model.eval(), tiny_dir(), 1, keep=3, lora=lora))
+    folder = Path(publish(store, model.eval(), tiny_dir(), 1, lora=lora))
     policy = load_policy("tiny", backend="transformers", device="cpu")
     policy = load_version(policy, folder, 1, device="cpu")
     assert policy.version == 1 and policy.model_dir == folder

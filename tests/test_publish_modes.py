@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gagpo.learner import publish as P
 from gagpo.learner.model import load_model
 from gagpo.storage.store import Store
 from tests.helpers.learner import tiny_model_dir
+from tests.helpers.publication import publish
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -49,6 +49,6 @@ def test_published_versions_and_the_base_policy_are_world_readable(tmp_path, str
     assert _modes(Path(store.policies.dir(0))) == {("dir", 0o755), ("file", 0o644)}
 
     model = load_model(base, torch.device("cpu"))
-    folder = Path(P.publish_version(store, model, base, 1, keep=3))
+    folder = Path(publish(store, model, base, 1))
     assert (folder / ".complete").is_file() and (folder / "model.safetensors").is_file()
     assert _modes(folder) == {("dir", 0o755), ("file", 0o644)}

@@ -35,6 +35,7 @@ from gagpo.learner.train import lr_factor, make_optimizer, train
 from gagpo.schemas.layout import COMPLETE, LINEAGE, STATE_TRAINER
 from gagpo.storage.store import Store
 from tests.helpers.learner import parameters, tiny_config, tiny_model_dir, write_shards
+from tests.helpers.publication import publish
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -74,7 +75,7 @@ def test_bf16_publication_is_the_rounded_master_weights(store_dir: Path):
     """Every tensor is the fp32 master rounded to bf16; the tied head is written once."""
     store = Store(str(store_dir))
     model = load_model(tiny_model_dir(), torch.device("cpu"))
-    folder = P.publish_version(store, model, tiny_model_dir(), 1, keep=3, dtype=torch.bfloat16)
+    folder = publish(store, model, tiny_model_dir(), 1, dtype=torch.bfloat16)
     published = load_file(f"{folder}/model.safetensors")
     master = model.state_dict()
     assert "lm_head.weight" not in published  # tied to the embeddings, as in fp32

@@ -33,8 +33,8 @@ from gagpo.actors.policies import tiny
 from gagpo.actors.policies.vllm_backend import VLLMPolicy
 from gagpo.learner.config import LoraSettings
 from gagpo.learner.model import add_lora
-from gagpo.learner.publish import publish_version
 from gagpo.storage.store import Store
+from tests.helpers.publication import publish
 
 pytestmark = [
     pytest.mark.slow,
@@ -243,7 +243,7 @@ def test_hot_reload_of_published_full_weights_into_the_same_engine(
     store = Store(str(tmp_path / "store"))
     old = hf_model(model_dir)
     new = perturbed(model_dir, seed=1)
-    publish_version(store, new, model_dir, 1, keep=3)  # the learner's own publication
+    publish(store, new, model_dir, 1)  # as the learner publishes
     folder = Path(store.policies.dir(1))
     assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
     engine = base.engine
@@ -256,7 +256,7 @@ def test_hot_reload_of_published_full_weights_into_the_same_engine(
     assert [s.token_ids for s in after] != [s.token_ids for s in before]
     # A second version on top of the first, then back to the base: each is served as is.
     newer = perturbed(model_dir, seed=2)
-    publish_version(store, newer, model_dir, 2, keep=3)
+    publish(store, newer, model_dir, 2)
     base.load_version(Path(store.policies.dir(2)), 2)
     assert max_gap(newer, prompt, base.generate([prompt] * GROUP, seed=3)) < TOLERANCE
     base.load_version(model_dir, 0)
@@ -267,7 +267,7 @@ def test_hot_reload_of_published_full_weights_into_the_same_engine(
 def publish_adapter(store: Store, model_dir: Path, version: int, seed: int) -> Path:
     """A LoRA version as the learner publishes it with `lora.publish = "adapter"`:
     peft adapters injected by `add_lora`, given random (non-zero) values, written as a
-    PEFT folder by `publish_version`."""
+    PEFT folder by `write_version` (tests/helpers/publication.py)."""
     lora = LoraSettings(enabled=True, rank=4, alpha=8.0, publish="adapter")
     model = hf_model(model_dir)
     add_lora(model, lora.rank, lora.alpha, lora.target_modules)
@@ -276,7 +276,7 @@ def publish_adapter(store: Store, model_dir: Path, version: int, seed: int) -> P
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
-    publish_version(store, model, model_dir, version, keep=3, lora=lora)
+    publish(store, model, model_dir, version, lora=lora)
     return Path(store.policies.dir(version))
 
 
@@ -369,7 +369,7 @@ def test_a_version_loaded_between_turns_is_recorded_step_by_step(base, model_dir
     and each step records (and was sampled by) the version that served it."""
     store = Store(str(tmp_path / "store"))
     new = perturbed(model_dir, seed=4)
-    publish_version(store, new, model_dir, 1, keep=3)
+    publish(store, new, model_dir, 1)
 
     def switch(runner):
         if runner.policy.version == 0:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "faults"))
+sys.path.insert(0, str(ROOT))  # tests.helpers
 
 
 def _folder_bytes(store, folder: str) -> int:
@@ -35,8 +36,8 @@ def measure(policy: str, url: str, repeats: int, groups: int) -> dict:
     from gagpo.learner.checkpoint import Head, checkpoint_dir, save_state
     from gagpo.learner.feed import TRAINED, GroupRef, Ledger
     from gagpo.learner.model import load_model
-    from gagpo.learner.publish import publish_version
     from gagpo.storage.store import Store
+    from tests.helpers.publication import publish
 
     torch.manual_seed(0)
     base = resolve_model(policy)
@@ -59,7 +60,7 @@ def measure(policy: str, url: str, repeats: int, groups: int) -> dict:
         t0 = time.perf_counter()
         save_state(store, head, child, model, optimizer, scheduler, ledger)
         t1 = time.perf_counter()
-        publish_version(store, model, base, child.version, keep=2, lineage=child.record(head))
+        publish(store, model, base, child.version, keep=2, lineage=child.record(head))
         t2 = time.perf_counter()
         state_s.append(t1 - t0)
         publish_s.append(t2 - t1)
