@@ -47,22 +47,15 @@ from gagpo.learner.dist import (
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import acquire
 from gagpo.learner.publish import is_complete, remove_folder
-from gagpo.learner.state import (  # noqa: F401  (the training state's names, as before the split)
+from gagpo.learner.state import (
     Head,
-    OptimizerShard,
-    StateSnapshot,
-    StateWriter,
     _trains_everything,
     checkpoint_dir,
     newest_state,
     optimizer_shard_name,
-    prune_states,
     rekey_optimizer_state,
-    save_state,
     set_rng_state,
-    snapshot_state,
     state_versions,
-    write_state,
 )
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, first_line

@@ -247,34 +247,6 @@ def _write_sharded_state(store: Store, snapshot: StateSnapshot) -> int:
         )
 
 
-def save_state(
-    store: Store,
-    parent: Head,
-    child: Head,
-    model,
-    optimizer,
-    scheduler,
-    ledger: Ledger | None,
-    *,
-    main: bool = True,
-) -> int:
-    """Write the training state of `child` at once, on the caller's time (no copy);
-    return its bytes. Sharded, a collective: every rank calls this, `main` writes."""
-    record = child.record(parent)
-    snapshot = snapshot_state(
-        store,
-        child.version,
-        record,
-        model,
-        optimizer,
-        scheduler,
-        ledger,
-        main=main,
-        copy_tensors=False,
-    )
-    return write_state(store, snapshot) if snapshot is not None else 0
-
-
 class StateWriter(Writer):
     """Writes training states one at a time (`Writer`): in a thread (`asynchronous`)
     or at once. Each finished state then prunes to the newest `keep` (`prune`: the main

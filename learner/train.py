@@ -21,15 +21,7 @@ import pyarrow.compute as pc
 import torch
 
 from gagpo.learner import faults
-from gagpo.learner.checkpoint import (
-    Head,
-    StateWriter,
-    has_learner_state,
-    prune_states,
-    read_lineage,
-    snapshot_state,
-    start,
-)
+from gagpo.learner.checkpoint import has_learner_state, read_lineage, start
 from gagpo.learner.compact import Compactor
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.dist import (
@@ -55,6 +47,7 @@ from gagpo.learner.publish import (
     take_weights,
     write_version,
 )
+from gagpo.learner.state import Head, StateWriter, prune_states, snapshot_state
 from gagpo.learner.update import HISTOGRAMS, run_update
 from gagpo.schemas import columns as C
 from gagpo.storage.store import Store

@@ -19,18 +19,18 @@ from safetensors.torch import load_file
 
 from gagpo.inspection import sql
 from gagpo.learner import publish as P
-from gagpo.learner.checkpoint import (
-    StateWriter,
-    checkpoint_dir,
-    newest_state,
-    snapshot_state,
-    start,
-    state_versions,
-)
+from gagpo.learner.checkpoint import start
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import release_lease
 from gagpo.learner.metrics import read_metrics
 from gagpo.learner.model import load_model
+from gagpo.learner.state import (
+    StateWriter,
+    checkpoint_dir,
+    newest_state,
+    snapshot_state,
+    state_versions,
+)
 from gagpo.learner.train import lr_factor, make_optimizer, train
 from gagpo.schemas.layout import COMPLETE, LINEAGE, STATE_TRAINER
 from gagpo.storage.store import Store

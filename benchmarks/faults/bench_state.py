@@ -6,8 +6,9 @@ For each policy: one AdamW step (so the optimiser holds its moments), then, into
 (a local folder, or S3 on a moto server on loopback), `repeats` times: the version's
 training state (learner/checkpoints/v<N>/: optimiser, scheduler, RNG, ledger) and its
 policy folder (policy/v<N>/), timed separately, with their sizes. The ratio state /
-publication is the overhead of "a state with every version" over publishing alone; the
-old scheme wrote weights + state every `checkpoint_every` updates instead.
+publication is the overhead of a state with every version (state_every = 1) over
+publishing alone. Both are written as the learner writes them on its own time
+(state_async = publish_async = false): a `StateWriter` and a `Publisher`.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ def measure(policy: str, url: str, repeats: int, groups: int) -> dict:
     import torch
 
     from gagpo.actors.policies.presets import resolve_model
-    from gagpo.learner.checkpoint import Head, checkpoint_dir, save_state
     from gagpo.learner.feed import TRAINED, GroupRef, Ledger
     from gagpo.learner.model import load_model
+    from gagpo.learner.state import Head, StateWriter, checkpoint_dir, snapshot_state
     from gagpo.storage.store import Store
     from tests.helpers.publication import publish
 
@@ -54,13 +55,26 @@ def measure(policy: str, url: str, repeats: int, groups: int) -> dict:
 
     store = Store(url)
     head = Head(0, 0, None)
+    writer = StateWriter(store, keep=repeats, asynchronous=False)
     state_s, publish_s = [], []
     for _ in range(repeats):
         child = head.child(head.update + 1)
         t0 = time.perf_counter()
-        save_state(store, head, child, model, optimizer, scheduler, ledger)
+        record = child.record(head)
+        writer.save(
+            snapshot_state(
+                store,
+                child.version,
+                record,
+                model,
+                optimizer,
+                scheduler,
+                ledger,
+                copy_tensors=False,
+            )
+        )
         t1 = time.perf_counter()
-        publish(store, model, base, child.version, keep=2, lineage=child.record(head))
+        publish(store, model, base, child.version, keep=2, lineage=record)
         t2 = time.perf_counter()
         state_s.append(t1 - t0)
         publish_s.append(t2 - t1)
