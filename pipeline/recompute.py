@@ -39,6 +39,7 @@ DICTIONARY_COLUMNS = [C.TRAJ_ID, C.GROUP_ID, C.STATE_KEY, POOL_ID]
 # Under a grouping other than exact, each step's pool label (grouping.py) follows the
 # schema's columns; readers of the advantages schema ignore it.
 POOL_ID_FIELD = pa.field(POOL_ID, pa.string(), nullable=False)
+RESOLVES = 20  # times the files are listed again after a compaction moved some of them
 
 
 def expand_inputs(patterns: list[str]) -> list[str]:
@@ -299,10 +300,27 @@ def recompute_store(
     and the commits stay here, in file order, so the store ends exactly as after the
     serial run.
     """
-    from gagpo.storage.archive import groups_as_of, step_files
     from gagpo.storage.store import Store
 
     store = Store(url)
+    files = _step_files(store, url, run_id)
+    store.ensure_writable()  # one line now, rather than a traceback at the first table
+    groups, tag = _as_of(store, config, as_of_update)
+    if backend is None:
+        backend = "serial" if workers == 1 else "processes"
+    parallel = dict(workers=workers, backend=backend, ray_address=ray_address)
+    work = _Recompute(store, config, tag, run_id, groups, progress, parallel)
+    files = work.every_file(files)
+    if progress is not None:
+        progress(work.total, work.total)
+    return work.summary_of(url, files)
+
+
+def _step_files(store, url: str, run_id: str | None):
+    """The store's step files of `run_id` (or of all runs): its archive segments, then its
+    inbox shards; one line when there is none."""
+    from gagpo.storage.archive import step_files
+
     files = step_files(store, run_id)
     if files.empty:
         where = f"shards/run={run_id}/" if run_id else "shards/"
@@ -310,105 +328,122 @@ def recompute_store(
             f"no committed shard under {url.rstrip('/')}/{where} and no archive segment; "
             "accepted: a store with shards"
         )
-    store.ensure_writable()  # one line now, rather than a traceback at the first table
-    groups = None
-    tag = config.tag
-    if as_of_update is not None:
-        groups = frozenset(groups_as_of(store, as_of_update)[C.GROUP_ID].to_pylist())
-        tag = f"{config.tag}@u{as_of_update}"
-    if backend is None:
-        backend = "serial" if workers == 1 else "processes"
-    summary = StoreSummary()
-    kept: dict[str, pl.DataFrame] = {}  # file id → the columns the diagnostics need
-    owners: dict[str, str] = {}  # group_id → the first file holding it
-    done: set[str] = set()
-    total = 0
-    for _ in range(20):  # a file a compaction removed meanwhile: resolve again, read the rest
-        refs = [r for r in files.refs(store) if r.path not in done]
-        total += len(refs)
-        missing = _recompute(
-            store,
-            refs,
-            config,
-            tag,
-            summary,
-            kept,
-            owners,
-            done,
-            progress,
-            total,
-            dict(workers=workers, backend=backend, ray_address=ray_address),
-            run_id,
-            groups,
-        )
-        if not missing:
-            break
-        files = step_files(store, run_id)
-        # Files the compaction moved: their groups are in a new segment now, read next.
-        live = set(files.ids())
-        owners = {g: f for g, f in owners.items() if f in live}
-        kept = {f: t for f, t in kept.items() if f in live}
-    if progress is not None:
-        progress(total, total)
-    if not kept:
-        raise GagpoError(
-            f"no valid shard under {url}: all {total} failed validation (see quarantine/)"
-        )
-    summary.shards = len(kept)
-    summary.segments = len(kept.keys() & {s.id for s in files.segments})
-    summary.diagnostics = diagnostics(pl.concat(list(kept.values())), config.state_grouping)
-    return summary
+    return files
 
 
-def _recompute(
-    store, refs, config, tag, summary, kept, owners, done, progress, total, parallel, run_id, groups
-) -> bool:
-    """Compute and commit the tables of `refs` (each file's diagnostics columns into
-    `kept`, by id); returns whether any file had vanished."""
-    from gagpo.pipeline.parallel import ordered_map
-    from gagpo.storage.archive import is_segment
+def _as_of(
+    store, config: EstimatorConfig, as_of_update: int | None
+) -> tuple[frozenset[str] | None, str]:
+    """The groups to compute (None: all) and the tag to commit under: with `as_of_update`,
+    the groups the learner had consumed by that update, under `<tag>@u<update>`."""
+    from gagpo.storage.archive import groups_as_of
 
-    missing = False
-    offset = total - len(refs)
-    results = ordered_map(shard_task, refs, args=(store.url, config, run_id, groups), **parallel)
-    written: list[str] = []  # tables this run added (not rewrote): removed if it fails
-    try:
-        for i, ref in enumerate(refs):
-            if progress is not None:
-                progress(offset + i, total)
-            result = next(results)
-            done.add(ref.path)
-            if result.missing:  # quarantined, or moved by a compaction meanwhile
-                missing = True
-                continue
-            reason = result.error
-            if result.groups is not None:  # read and valid: the one-copy rule comes first
-                try:
-                    table = pa.table({C.GROUP_ID: pa.array(result.groups, pa.string())})
-                    check_group_owners(table, ref.shard_id, owners.get)
-                except ValidationError as exc:
-                    reason = _message(exc)
-            archived = is_segment(ref)
-            if reason is not None and archived:  # archive files are never quarantined
-                raise GagpoError(f"archive segment {ref.path} cannot be used: {reason}")
-            if reason is not None:
-                store.quarantine(ref.path, reason)
-                summary.quarantined.append((ref.path, reason))
-                continue
-            owners.update(dict.fromkeys(result.groups, ref.shard_id))
-            if result.data is None:  # no row of the wanted run or groups in it
-                continue
-            path = store.advantages_path(tag, ref.shard_id)
-            if not store.exists(path):
-                written.append(path)
-            store.commit_bytes(path, result.data)
-            kept[ref.shard_id] = result.kept
-    except BaseException:
-        # All or nothing: a recompute that fails (a user's key function, an interrupt) leaves
-        # no table of its own beside the ones an earlier complete run wrote.
-        with contextlib.suppress(Exception):
-            store.remove_files(written, "the tables of a failed recompute")
-        raise
-    finally:
-        results.close()  # an error here: the workers are stopped
-    return missing
+    if as_of_update is None:
+        return None, config.tag
+    groups = frozenset(groups_as_of(store, as_of_update)[C.GROUP_ID].to_pylist())
+    return groups, f"{config.tag}@u{as_of_update}"
+
+
+@dataclass
+class _Recompute:
+    """One recompute of a store, as far as it has gone: each committed file's diagnostics
+    columns (`kept`, by file id), the first file holding each group (`owners`: the
+    one-copy rule), the files done, and how many files it has met (`total`, for progress)."""
+
+    store: Any  # storage.store.Store
+    config: EstimatorConfig
+    tag: str
+    run_id: str | None
+    groups: frozenset[str] | None
+    progress: Any
+    parallel: dict[str, Any]  # ordered_map's workers, backend and ray_address
+    summary: StoreSummary = field(default_factory=StoreSummary)
+    kept: dict[str, pl.DataFrame] = field(default_factory=dict)
+    owners: dict[str, str] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+    total: int = 0
+
+    def every_file(self, files):
+        """Compute and commit the table of every file of `files`. A file a compaction
+        removed meanwhile: list the files again and read the rest, its groups now in a new
+        segment, forgetting what the moved files held (at most RESOLVES times). Returns
+        the files as last listed."""
+        from gagpo.storage.archive import step_files
+
+        for _ in range(RESOLVES):
+            refs = [r for r in files.refs(self.store) if r.path not in self.done]
+            self.total += len(refs)
+            if not self.commit_tables(refs):
+                break
+            files = step_files(self.store, self.run_id)
+            live = set(files.ids())
+            self.owners = {g: f for g, f in self.owners.items() if f in live}
+            self.kept = {f: t for f, t in self.kept.items() if f in live}
+        return files
+
+    def commit_tables(self, refs) -> bool:
+        """Compute the tables of `refs` (in parallel when asked) and commit them in file
+        order: a file that fails validation or holds a group an earlier file holds is
+        quarantined (an archive segment refuses the recompute instead), and each committed
+        file's diagnostics columns go to `kept`. Returns whether any file had vanished."""
+        from gagpo.pipeline.parallel import ordered_map
+        from gagpo.storage.archive import is_segment
+
+        missing = False
+        offset = self.total - len(refs)
+        args = (self.store.url, self.config, self.run_id, self.groups)
+        results = ordered_map(shard_task, refs, args=args, **self.parallel)
+        written: list[str] = []  # tables this run added (not rewrote): removed if it fails
+        try:
+            for i, ref in enumerate(refs):
+                if self.progress is not None:
+                    self.progress(offset + i, self.total)
+                result = next(results)
+                self.done.add(ref.path)
+                if result.missing:  # quarantined, or moved by a compaction meanwhile
+                    missing = True
+                    continue
+                reason = result.error
+                if result.groups is not None:  # read and valid: the one-copy rule comes first
+                    try:
+                        table = pa.table({C.GROUP_ID: pa.array(result.groups, pa.string())})
+                        check_group_owners(table, ref.shard_id, self.owners.get)
+                    except ValidationError as exc:
+                        reason = _message(exc)
+                archived = is_segment(ref)
+                if reason is not None and archived:  # archive files are never quarantined
+                    raise GagpoError(f"archive segment {ref.path} cannot be used: {reason}")
+                if reason is not None:
+                    self.store.quarantine(ref.path, reason)
+                    self.summary.quarantined.append((ref.path, reason))
+                    continue
+                self.owners.update(dict.fromkeys(result.groups, ref.shard_id))
+                if result.data is None:  # no row of the wanted run or groups in it
+                    continue
+                path = self.store.advantages_path(self.tag, ref.shard_id)
+                if not self.store.exists(path):
+                    written.append(path)
+                self.store.commit_bytes(path, result.data)
+                self.kept[ref.shard_id] = result.kept
+        except BaseException:
+            # All or nothing: a recompute that fails (a user's key function, an interrupt) leaves
+            # no table of its own beside the ones an earlier complete run wrote.
+            with contextlib.suppress(Exception):
+                self.store.remove_files(written, "the tables of a failed recompute")
+            raise
+        finally:
+            results.close()  # an error here: the workers are stopped
+        return missing
+
+    def summary_of(self, url: str, files) -> StoreSummary:
+        """The summary once every file is done: tables written (segments among them) and
+        the diagnostics over their steps; one line when no file was valid."""
+        if not self.kept:
+            raise GagpoError(
+                f"no valid shard under {url}: all {self.total} failed validation (see quarantine/)"
+            )
+        self.summary.shards = len(self.kept)
+        self.summary.segments = len(self.kept.keys() & {s.id for s in files.segments})
+        table = pl.concat(list(self.kept.values()))
+        self.summary.diagnostics = diagnostics(table, self.config.state_grouping)
+        return self.summary
