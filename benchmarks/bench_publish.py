@@ -164,11 +164,11 @@ def run_setting(
     `update_s`), or with `train_tokens` a real one (timed apart: compute_s)."""
     import torch
 
-    from gagpo.learner.checkpoint import Head
     from gagpo.learner.config import LearnerConfig
     from gagpo.learner.dist import Dist
     from gagpo.learner.feed import TRAINED, GroupRef, Ledger
     from gagpo.learner.publish import Publisher, VersionCopy, take_weights
+    from gagpo.learner.state import Head
     from gagpo.learner.train import Parts, make_optimizer
     from gagpo.storage.store import Store
 

@@ -15,10 +15,10 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from gagpo.learner.checkpoint import checkpoint_dir, rekey_optimizer_state
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import TRAINED, Ledger
 from gagpo.learner.metrics import read_metrics
+from gagpo.learner.state import checkpoint_dir, rekey_optimizer_state
 from gagpo.storage.store import Store
 from tests.helpers.learner import (
     ENV,
@@ -108,7 +108,8 @@ def test_fsdp_kill_during_a_sharded_state_write_then_resume(tmp_path):
     import signal
     import time
 
-    from gagpo.learner.checkpoint import check_lineage, state_versions
+    from gagpo.learner.checkpoint import check_lineage
+    from gagpo.learner.state import state_versions
 
     root = tmp_path / "store"
     store = Store(str(root))

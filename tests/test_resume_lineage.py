@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gagpo.learner.checkpoint import checkpoint_dir
 from gagpo.learner.config import LearnerConfig
+from gagpo.learner.state import checkpoint_dir
 from gagpo.learner.train import train
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.layout import COMPLETE, LINEAGE

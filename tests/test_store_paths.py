@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from gagpo.inspection.sql import query_store
-from gagpo.learner.checkpoint import state_versions
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.feed import Ledger
+from gagpo.learner.state import state_versions
 from gagpo.learner.train import train
 from gagpo.pipeline.config import GagpoConfig
 from gagpo.pipeline.recompute import recompute_store
