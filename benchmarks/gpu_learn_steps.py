@@ -62,6 +62,8 @@ def evaluate(recipe: str, store: str, sets: list[str], groups: int, every: int) 
     rows = evaluate_run(
         Store(store), config.actors, groups=groups, every=every, seed=config.run.eval_seed
     )
+    if not rows:
+        raise SystemExit(f"gpu_learn: {store} holds no published version to evaluate")
     print(table(rows, groups, config.actors.group_size))
     print(change(rows))
 

@@ -94,7 +94,11 @@ class HFPolicy:
         self.device = resolve_device(device)
         share = gpu_memory_share()  # set by `gagpo run` on a GPU it shares (workflows/layout.py)
         if self.device.type == "cuda" and share is not None and share < 1.0:
-            torch.cuda.set_per_process_memory_fraction(share, self.device)
+            # torch wants an index here: plain "cuda" is the current device.
+            index = (
+                self.device.index if self.device.index is not None else torch.cuda.current_device()
+            )
+            torch.cuda.set_per_process_memory_fraction(share, index)
         cpu_bf16 = self.sampling.cpu_dtype == "bf16"
         self.dtype = torch.float32 if self.device.type == "cpu" and not cpu_bf16 else torch.bfloat16
 
