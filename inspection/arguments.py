@@ -1,5 +1,5 @@
-"""What `gagpo sql` and `gagpo.open_store` both take, checked in one place: the store
-root, the query time limit and the discount.
+"""What `gagpo sql` and `gagpo.open_store` both take, checked and defaulted in one place:
+the store root, the query time limit and the discount.
 
 Light to import (no DuckDB): the CLI's options use these bounds in `--help`, and the
 library (inspection/library.py) checks a notebook's values against the same ones, so a
@@ -13,6 +13,9 @@ import math
 from gagpo.schemas.errors import GagpoError
 
 DEFAULT_TIMEOUT_S = 300.0  # --timeout: seconds a query may run
+# --gamma: the views' discount, the advantage stage's default (docs/design.md §4); used
+# only where no advantages exist.
+DEFAULT_GAMMA = 0.95
 MAX_TIMEOUT_S = 1e7  # 115 days: longer is no limit, which 0 says
 
 

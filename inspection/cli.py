@@ -10,7 +10,12 @@ import sys
 
 import click
 
-from gagpo.inspection.arguments import DEFAULT_TIMEOUT_S, check_store_root, timeout_problem
+from gagpo.inspection.arguments import (
+    DEFAULT_GAMMA,
+    DEFAULT_TIMEOUT_S,
+    check_store_root,
+    timeout_problem,
+)
 from gagpo.schemas.cli import OneLineCommand, store_option
 from gagpo.schemas.errors import GagpoError
 
@@ -44,7 +49,7 @@ def gamma_option(func):
     return click.option(
         "--gamma",
         type=click.FloatRange(0.0, 1.0),
-        default=0.95,
+        default=DEFAULT_GAMMA,
         show_default=True,
         help="Discount for step_returns and for value proxies of groups without stored advantages.",
     )(func)

@@ -26,13 +26,13 @@ import threading
 from typing import TYPE_CHECKING
 
 from gagpo.inspection.arguments import (
+    DEFAULT_GAMMA,
     DEFAULT_TIMEOUT_S,
     MAX_TIMEOUT_S,
     check_gamma,
     check_store_root,
     timeout_problem,
 )
-from gagpo.inspection.sql import DEFAULT_GAMMA
 from gagpo.schemas.errors import GagpoError, describe
 
 if TYPE_CHECKING:

@@ -59,6 +59,7 @@ import duckdb
 import pyarrow as pa
 
 from gagpo.inspection import sql_sources as src
+from gagpo.inspection.arguments import DEFAULT_GAMMA, DEFAULT_TIMEOUT_S
 from gagpo.inspection.sql_segments import ReadOnlySegments, segment_url
 from gagpo.inspection.sql_views import VIEWS, view_statements
 from gagpo.schemas import columns as C
@@ -66,9 +67,6 @@ from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.archive import RESOLVE_ATTEMPTS, is_missing_file
 from gagpo.storage.store import Store
-
-# Same default as the advantage stage (docs/design.md §4); used only where no advantages exist.
-DEFAULT_GAMMA = 0.95
 
 # Settings fixed before any user query runs; `lock_configuration` comes last.
 _LOCKED_SETTINGS = {
@@ -118,7 +116,7 @@ def default_memory_limit() -> str:
 class Limits:
     """Per-query bounds of `gagpo sql` / `gagpo report` (flags --timeout, --memory-limit)."""
 
-    timeout_s: float = 300.0  # wall-clock seconds per query; 0: none
+    timeout_s: float = DEFAULT_TIMEOUT_S  # wall-clock seconds per query; 0: none
     memory_limit: str = ""  # DuckDB size; "" = default_memory_limit()
 
     def memory(self) -> str:

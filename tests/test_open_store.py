@@ -318,3 +318,21 @@ def test_a_closed_reader_says_so(committed):
     with pytest.raises(GagpoError, match="closed"):
         reader.steps()
     assert "closed" in repr(reader)
+
+
+def test_a_reader_opened_with_no_arguments_bounds_queries_as_gagpo_sql_does(committed):
+    """One default each for the discount and the query time limit: gagpo sql's --gamma and
+    --timeout, the reader's and `Limits`' (inspection/arguments.py)."""
+    import inspect as pyinspect
+
+    from gagpo.inspection.sql import Limits
+
+    store, _ = committed
+    sql = inspect.commands["sql"]
+    flags = {p.name: p.default for p in sql.params}
+    reader = gagpo.open_store(store.url)
+    defaults = pyinspect.signature(gagpo.open_store).parameters
+    assert reader.limits == Limits() and Limits().timeout_s == flags["timeout_s"]
+    assert defaults["timeout_s"].default == flags["timeout_s"]
+    assert defaults["gamma"].default == flags["gamma"]
+    reader.close()
