@@ -373,3 +373,16 @@ def test_tiny_on_cuda_samples_in_bfloat16():
     assert policy.generate(prompts, seed=0) == policy.generate(prompts, seed=0)
     # bfloat16 rounding differs between the cached, padded pass and a fresh one.
     assert max_logprob_error(policy, prompts, range(1)) < 0.1
+
+
+@pytest.mark.gpu
+def test_tiny_on_a_shared_cuda_device_caps_its_memory(monkeypatch):
+    """`gagpo run` on a shared GPU sets $GAGPO_GPU_MEMORY_SHARE; the actor caps its CUDA
+    allocator with it. Plain "cuda" has no index, which torch's cap refuses: it failed on
+    the H200 (2026-12-04) until the current device's index was passed."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    monkeypatch.setenv("GAGPO_GPU_MEMORY_SHARE", "0.05")
+    policy = load_policy("tiny", sampling=SamplingConfig(max_new_tokens=8), device="cuda")
+    prompts = household_prompts(policy, 2)
+    assert len(policy.generate(prompts, seed=0)) == 2
