@@ -3,7 +3,7 @@
     python benchmarks/bench_publish.py [--policy tiny --policy smollm2-135m --policy qwen2.5-0.5b-shape]
 
 For each policy, on CPU, into a local store: the learner's own commit path
-(`Parts.publish` → metrics → `Parts.point`, then `Parts.finish`) after each of N
+(`Trainer.take_version` → metrics → `Trainer.release_version`, then `Trainer.finish`) after each of N
 simulated updates (an AdamW-like in-place change of the weights and both moments, so
 that every version and state differs; not timed), in two settings:
 
@@ -169,7 +169,7 @@ def run_setting(
     from gagpo.learner.feed import TRAINED, GroupRef, Ledger
     from gagpo.learner.publish import Publisher, VersionCopy, take_weights
     from gagpo.learner.state import Head
-    from gagpo.learner.train import Parts, make_optimizer
+    from gagpo.learner.train import Trainer, make_optimizer
     from gagpo.storage.store import Store
 
     model, base = load(policy, work, torch.device(device))
@@ -199,7 +199,7 @@ def run_setting(
     optimizer, scheduler = make_optimizer(model, cfg)
     first_step(model, optimizer)
     store = Store(cfg.store)
-    parts = Parts(
+    parts = Trainer(
         cfg, Dist(0, 1, torch.device("cpu")), store, base, model, optimizer, scheduler, None
     )
     ledger = Ledger()  # a run's ledger: 1000 groups consumed
@@ -219,8 +219,8 @@ def run_setting(
             fake_update(model, optimizer)
             time.sleep(max(0.0, update_s - (time.perf_counter() - t0)))
         compute.append(time.perf_counter() - t0)
-        child, costs = parts.publish(head, update, ledger, last=update == updates)
-        parts.point(child)
+        child, costs = parts.take_version(head, update, ledger, last=update == updates)
+        parts.release_version(child)
         head = child
         critical.append(costs["publish_s"] + costs["state_s"])
         written += costs["bytes_written"]
