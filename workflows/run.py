@@ -23,7 +23,7 @@ from pathlib import Path
 from gagpo.actors.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.overrides import split_sections
-from gagpo.storage.store import Store
+from gagpo.storage.store import Store, new_id
 from gagpo.workflows.recipe import SET_TABLES, RunConfig, load_recipe, recipe_path
 from gagpo.workflows.warmstart import WarmstartConfig, warmstart
 
@@ -66,25 +66,52 @@ def run(
     code (130 when interrupted). Every process started here is ended before returning.
     `sets` are `--set` items TABLE.KEY=VALUE (TABLE: run, actors, learner), passed on to
     each process."""
-    # The whole recipe now, so a bad one fails before any process starts; a dry run checks
-    # all that the run checks before it starts anything.
     path = recipe_path(recipe)
+    config = _checked_recipe(path, store, sets, actors)
+    from gagpo.workflows.launch import launcher_for
+
+    warm_cfg = config.warmstart if warm else None
+    run_id = new_id()
+    plan = _planner(path, store, config, sets, run_id)
+    if dry_run:  # nothing opened, nothing started
+        launcher = launcher_for(ray, config.run, store, run_id, echo)
+        echo(launcher.describe(plan(_cached_warmstart_flags(warm_cfg))))
+        return 0
+    opened = Store(store)
+    launcher = launcher_for(ray, config.run, opened, run_id, echo)
+    launcher.check(plan([]))  # an impossible placement fails before the warm start is built
+    opened.ensure_writable()
+    code = _launch(launcher, plan, warm_cfg, echo)
+    from gagpo.learner.cli import EXIT_STOPPED_EARLY
+
+    if code in (0, EXIT_STOPPED_EARLY):  # stopped early: the learner said why; show what ran
+        _what_ran(opened, store, config, launcher, echo)
+    return code
+
+
+def _checked_recipe(path: Path, store: str, sets, actors: int | None):
+    """The whole recipe, read and checked now (with the store path and the environment), so
+    a bad one fails before any process starts; a dry run checks all that the run checks
+    before it starts anything."""
     config = load_recipe(path, store, sets=sets, actors=actors)
     check_store_path(store)
     from gagpo.envs import check_env
 
     check_env(config.actors.env, dict(config.actors.env_options))
+    return config
+
+
+def _planner(path: Path, store: str, config, sets, run_id: str):
+    """The plan as a function of the policy flags (the warm start's `--policy`, known only
+    once it is built): each side gets its own tables' `--set` items, and the learner keeps
+    every version the held-out evaluation will read."""
+    from gagpo.workflows.layout import plan_run
+
     by_table = split_sections(sets, SET_TABLES)
     actor_args = [arg for item in by_table["actors"] for arg in ("--set", item)]
     learner_args = [arg for item in by_table["learner"] for arg in ("--set", item)]
     if config.run.eval_groups and not config.learner.keep_every:  # keep what will be evaluated
         learner_args += ["--set", f"keep_every={config.run.eval_every}"]
-    warm_cfg = config.warmstart if warm else None
-    from gagpo.storage.store import new_id
-    from gagpo.workflows.launch import launcher_for
-    from gagpo.workflows.layout import plan_run
-
-    run_id = new_id()
 
     def plan(policy_flags: list[str]):
         return plan_run(
@@ -98,16 +125,16 @@ def run(
             run_id=run_id,
         )
 
-    if dry_run:  # nothing opened, nothing started
-        launcher = launcher_for(ray, config.run, store, run_id, echo)
-        echo(launcher.describe(plan(_cached_warmstart_flags(warm_cfg))))
-        return 0
-    opened = Store(store)
-    launcher = launcher_for(ray, config.run, opened, run_id, echo)
-    launcher.check(plan([]))  # an impossible placement fails before the warm start is built
-    opened.ensure_writable()
-    # SIGTERM ends us like Ctrl-C. SIGINT is handled explicitly too: a shell starts background
-    # jobs with SIGINT ignored, and the children would inherit that and ignore our SIGINT.
+    return plan
+
+
+def _launch(launcher, plan, warm_cfg: WarmstartConfig | None, echo) -> int:
+    """Build the warm start (or take it from the cache), then run the plan with it; the
+    launcher's exit code, or 130 after Ctrl-C or SIGTERM, which stop every process started.
+
+    SIGTERM ends us like Ctrl-C. SIGINT is handled explicitly too: a shell starts background
+    jobs with SIGINT ignored, and the children would inherit that and ignore our SIGINT.
+    Both handlers are restored on the way out."""
     previous = {
         signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupt),
         signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
@@ -116,22 +143,24 @@ def run(
         policy_flags = []
         if warm_cfg is not None:
             policy_flags = ["--policy", str(warmstart(warm_cfg, echo=echo))]
-        code = launcher.run(plan(policy_flags))
+        return launcher.run(plan(policy_flags))
     except KeyboardInterrupt:
         echo("interrupted: every process started was stopped; committed shards are kept")
         return 130
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    from gagpo.learner.cli import EXIT_STOPPED_EARLY
 
-    if code in (0, EXIT_STOPPED_EARLY):  # stopped early: the learner said why; show what ran
-        echo(summary(opened))
-        echo(after_run(opened, config.run, config.actors, config.learner.estimator, echo))
-        echo(f"browse it (pip install 'gagpo[view]'): gagpo view --store {store}")
-        for line in launcher.after():
-            echo(line)
-    return code
+
+def _what_ran(opened: Store, store: str, config, launcher, echo) -> None:
+    """After a run that ended well (or stopped early): the summary from the store's SQL
+    views, what follows it (evaluation, report, credit), how to browse the store, and the
+    launcher's own closing lines."""
+    echo(summary(opened))
+    echo(after_run(opened, config.run, config.actors, config.learner.estimator, echo))
+    echo(f"browse it (pip install 'gagpo[view]'): gagpo view --store {store}")
+    for line in launcher.after():
+        echo(line)
 
 
 def _cached_warmstart_flags(warm_cfg: WarmstartConfig | None) -> list[str]:
