@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import os
 import posixpath
+import random
 import sys
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
@@ -69,8 +74,6 @@ POLICY_SCHEMA = pa.schema(
 
 
 def arrow_filesystem(store: Store):
-    import pyarrow.fs as pafs
-
     if store.is_local:
         return pafs.LocalFileSystem()
     return pafs.PyFileSystem(pafs.FSSpecHandler(store.fs))
@@ -169,9 +172,29 @@ def _with_footers(
     return kept
 
 
+# The footers `step_sources` has read in this thread's current call, by path (None outside
+# one): a pass after a compaction rereads none of them.
+_FOOTERS: ContextVar[dict[str, pa.Schema] | None] = ContextVar("_FOOTERS", default=None)
+
+
+@contextmanager
+def _known_footers(footers: dict[str, pa.Schema]):
+    token = _FOOTERS.set(footers)
+    try:
+        yield
+    finally:
+        _FOOTERS.reset(token)
+
+
 def _footer_schema(store: Store, path: str) -> pa.Schema:
+    known = _FOOTERS.get()
+    if known is not None and path in known:
+        return known[path]
     with store.fs.open(path, "rb") as handle:
-        return pq.read_schema(handle)
+        schema = pq.read_schema(handle)
+    if known is not None:
+        known[path] = schema
+    return schema
 
 
 # A path holding one of these is a pattern to DuckDB's read_parquet, never a file name.
@@ -243,7 +266,15 @@ class StepSources:
     estimators: pa.Table
 
 
-def step_sources(store: Store, filesystem) -> StepSources:
+# How long `step_sources` keeps resolving while compactions commit, at least
+# RESOLVE_ATTEMPTS passes; the pauses between passes grow to at most RESOLVE_PAUSE_S.
+RESOLVE_DEADLINE_S = 60.0
+RESOLVE_PAUSE_S = 1.0
+
+
+def step_sources(
+    store: Store, filesystem, *, deadline_s: float = RESOLVE_DEADLINE_S
+) -> StepSources:
     """The steps views' files, resolved and opened as of one instant of the archive.
 
     A compaction that commits while this runs removes, right after, files the resolution
@@ -254,11 +285,43 @@ def step_sources(store: Store, filesystem) -> StepSources:
     at the generation it started from: only then is every file it names there, and every
     table it lists the one of a file it names (a compactor removes nothing a generation
     names while that generation is the newest). Unreadable files are skipped and named
-    in one warning line (printed once, for the pass that is kept)."""
-    for _ in range(RESOLVE_ATTEMPTS):
-        files = step_files(store)
-        warnings: list[str] = []
-        try:
+    in one warning line (printed once, for the pass that is kept).
+
+    A pass reads only the footers no earlier pass read (committed files never change), so
+    a pass after a compaction costs what the compaction wrote, not the whole store: a
+    reader slower than back-to-back compactions still gets through (a store read 10 ms an
+    operation beside a compactor that never rests: benchmarks/RESULTS.md, Round 6).
+    Passes are retried after a random pause, doubling up to RESOLVE_PAUSE_S, for at least
+    RESOLVE_ATTEMPTS passes and `deadline_s` seconds; then one line says why it stopped."""
+    footers: dict[str, pa.Schema] = {}
+    started, pause, passes = time.monotonic(), 0.01, 0
+    while True:
+        passes += 1
+        sources, warnings = _sources_pass(store, filesystem, footers)
+        if sources is not None:
+            for line in warnings:
+                print(line, file=sys.stderr)
+            return sources
+        if passes >= RESOLVE_ATTEMPTS and time.monotonic() - started >= deadline_s:
+            break
+        time.sleep(random.uniform(0.0, pause))
+        pause = min(2 * pause, RESOLVE_PAUSE_S)
+    raise GagpoError(
+        f"store {store.url}: compactions kept removing files while the views were opened "
+        f"({passes} attempts in {time.monotonic() - started:.0f} s); accepted: try again "
+        "when the store's compactions pause (a learner compacts at most once an update)"
+    )
+
+
+def _sources_pass(
+    store: Store, filesystem, footers: dict[str, pa.Schema]
+) -> tuple[StepSources | None, list[str]]:
+    """One pass of `step_sources`: its sources and warning lines, or None when a
+    compaction committed meanwhile. `footers`: the footers read so far, by path."""
+    files = step_files(store)
+    warnings: list[str] = []
+    try:
+        with _known_footers(footers):
             # a bad segment's warning is printed at once (rare: the compactor validated it)
             segments = native_segments(store, files)
             if segments is None:
@@ -266,30 +329,52 @@ def step_sources(store: Store, filesystem) -> StepSources:
             else:
                 paths = inbox_files(store, files, warnings=warnings)
             advantages = _advantage_files(store, files, warnings=warnings)
-            sources = StepSources(
-                files,
-                segments,
-                parquet_source(filesystem, paths, C.STEPS_SCHEMA),
-                advantages_source(store, filesystem, files, paths=advantages),
-                estimators_table(store, files, paths=advantages),
-            )
-        except FileNotFoundError:  # a footer read, or a dataset opened (pyarrow says so)
-            continue
-        if generation_of(read_manifest(store)) == generation_of(files.manifest):
-            for line in warnings:
-                print(line, file=sys.stderr)
-            return sources
-    raise GagpoError(
-        f"store {store.url}: compactions kept removing files while the views were opened "
-        f"({RESOLVE_ATTEMPTS} attempts); accepted: try again (a compaction runs in seconds)"
-    )
+        sources = StepSources(
+            files,
+            segments,
+            parquet_source(filesystem, paths, C.STEPS_SCHEMA),
+            advantages_source(store, filesystem, files, paths=advantages),
+            estimators_table(store, files, paths=advantages),
+        )
+    except FileNotFoundError:  # a footer read, or a dataset opened (pyarrow says so)
+        return None, []
+    if generation_of(read_manifest(store)) != generation_of(files.manifest):
+        return None, []
+    return sources, warnings
 
 
 def parquet_source(filesystem, paths: list[str], schema: pa.Schema, **options):
-    """A lazily scanned dataset of `paths` read as `schema`; an empty typed table if none."""
+    """A lazily scanned dataset of `paths` read as `schema`; an empty typed table if none.
+    Through a Python file system (an object store's fsspec), its scans are serial
+    (`SerialScanDataset`)."""
     if not paths:
         return schema.empty_table()
-    return ds.dataset(paths, schema=schema, format="parquet", filesystem=filesystem, **options)
+    dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=filesystem, **options)
+    if not isinstance(filesystem, pafs.PyFileSystem):
+        return dataset
+    return SerialScanDataset(
+        list(dataset.get_fragments()), dataset.schema, dataset.format, dataset.filesystem
+    )
+
+
+class SerialScanDataset(ds.FileSystemDataset):
+    """A dataset whose scanners run on the thread that reads them (`use_threads=False`).
+
+    DuckDB opens a registered dataset's stream with `scanner(...).to_reader()`, which
+    pyarrow runs holding the GIL (pyarrow 26), and a threaded scan starts its tasks
+    right there, on Arrow's threads. Through a Python file system those tasks need the
+    GIL; once a scan has failed on a missing file (a compaction removed it), a later
+    `to_reader` was seen to wait on them while holding it: the process hangs for good
+    (on S3 for minutes, until killed; 3 of 3 runs of 50 queries over a memory://
+    dataset with 15 of its 16 files removed, tests/test_reliability_round6_scan.py).
+    A serial scan starts nothing there: its work runs inside the reads, where DuckDB
+    has released the GIL, so a missing file fails the query (and `query_store` runs it
+    again on the store as it stands). Local stores keep the threaded scan: Arrow's own
+    file system never needs the GIL."""
+
+    def scanner(self, *args, **kwargs):
+        kwargs["use_threads"] = False
+        return super().scanner(*args, **kwargs)
 
 
 def _advantage_files(

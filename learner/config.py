@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from gagpo.pipeline.config import EstimatorConfig, GagpoConfig
 from gagpo.schemas.config import Config
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.layout import MAX_VERSION
 
 # A decay rate of AdamW's moment estimates: torch refuses one outside [0, 1) only when the
 # optimiser is built, after the model has loaded.
@@ -94,8 +95,9 @@ class LearnerConfig(Config):
     mode: Literal["rl", "sft"] = "rl"
     """rl: the GAGPO objective on the estimator's advantages; sft: supervised token-mean NLL of
     the action tokens (warm start from demonstrations, docs/warmstart.md), no staleness drop."""
-    updates: int = Field(100, ge=1, le=10**9)
-    """Number of policy updates to run (counted across restarts: --resume continues the count)."""
+    updates: int = Field(100, ge=1)
+    """Number of policy updates to run (counted across restarts: --resume continues the count).
+    Each update publishes a version: at most 9,999,999, the last version a store can name."""
     batch_groups: int = Field(8, ge=1, le=1_000_000)
     """B: whole groups per update batch."""
     max_staleness: int = Field(4, ge=0, le=1_000_000)
@@ -229,6 +231,16 @@ class LearnerConfig(Config):
     def _betas_from_list(cls, value: object) -> object:
         # TOML and --set give a list; strict validation takes only a tuple for a tuple field.
         return tuple(value) if isinstance(value, list) else value
+
+    @field_validator("updates")
+    @classmethod
+    def _updates_nameable(cls, value: int) -> int:
+        if value > MAX_VERSION - 1:
+            raise ValueError(
+                f"{value} updates would publish versions past v{MAX_VERSION - 1}, the last a "
+                f"store can name; accepted: 1 to {MAX_VERSION - 1}"
+            )
+        return value
 
     @field_validator("mini_batches")
     @classmethod
