@@ -1,0 +1,181 @@
+"""A SQL reader beside a compactor that never rests: how many reads answer, how many fail
+(issue 46; benchmarks/RESULTS.md, round 6, "a reader under continuous compaction").
+
+    python benchmarks/faults/reader_starvation.py --seconds 60 --request-s 0.01
+    python benchmarks/faults/reader_starvation.py --request-s 0.01 --before 8ce7a41~1
+
+One local store (an archive of three shards, an inbox of three; as the round-6 stress
+test prepares it, tests/test_reliability_round6_compaction.py): an actor thread commits a one-group shard every 20 ms, a compactor thread
+compacts every inbox shard but the newest again and again without a pause (each merging
+the open segment), and one reader thread runs the SQL views' group ids again and again.
+Each store request of the reader (listing, read, footer read) first sleeps `--request-s`,
+as an object store's requests take time; the writers' do not. Prints the answers, the
+failures (with the first three lines), the compactions, the longest answer, and how many
+answers lost a group committed before they began (the reader's guarantee: always 0).
+`--before COMMIT` runs the reader's `step_sources` of COMMIT's inspection/sql_sources.py
+instead of this tree's (the rest is this tree's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import pyarrow.parquet as pq  # noqa: E402
+
+from gagpo.inspection import sql as sql_module  # noqa: E402
+from gagpo.inspection.sql import query_store  # noqa: E402
+from gagpo.pipeline.config import GagpoConfig  # noqa: E402
+from gagpo.pipeline.recompute import recompute_store  # noqa: E402
+from gagpo.schemas import columns as C  # noqa: E402
+from gagpo.storage.compaction import compact  # noqa: E402
+from gagpo.storage.store import Store  # noqa: E402
+from tests.helpers.steps import make_steps  # noqa: E402
+
+GROUP_SIZE = 3
+_role = threading.local()  # "reader" in the reader's thread
+
+
+def commit_shard(store: Store, number: int, groups: int = 1) -> set[str]:
+    """Commit shard `number` as an actor does; its group ids."""
+    table = make_steps(
+        run_id=f"r{number % 2}", shard_id=f"s{number:04d}", groups=groups, group_size=GROUP_SIZE
+    )
+    store.write_shard(table, group_size=GROUP_SIZE)
+    return set(table[C.GROUP_ID].to_pylist())
+
+
+def prepared(url: str) -> tuple[Store, set[str]]:
+    """A store with an archive (one open segment) and three inbox shards, each file with
+    its advantage table; its group ids."""
+    store = Store(url)
+    groups: set[str] = set()
+    for number in range(6):
+        groups |= commit_shard(store, number, groups=1 + number % 2)
+    recompute_store(url, None, GagpoConfig())
+    compact(store, store.list_shards()[:3], None)
+    return store, groups
+
+
+# The stress test's query: the steps view's rows, steps and groups, the advantages view's.
+COUNTS = (
+    "SELECT (SELECT count(*) FROM steps) AS n,"
+    " (SELECT list(DISTINCT group_id) FROM steps) AS ids,"
+    " (SELECT count(*) FROM advantages) AS a"
+)
+
+
+def group_ids(url: str) -> set[str]:
+    """The group ids the SQL views show."""
+    return set(query_store(url, COUNTS).to_pylist()[0]["ids"] or [])
+
+
+def use_step_sources_of(commit: str) -> None:
+    """The SQL views open their steps with `step_sources` of COMMIT's sql_sources.py."""
+    text = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{commit}:inspection/sql_sources.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp(prefix="sql-sources-")) / "old_sql_sources.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("old_sql_sources", path)
+    old = importlib.util.module_from_spec(spec)
+    sys.modules["old_sql_sources"] = old  # dataclasses look their module up
+    spec.loader.exec_module(old)
+    sql_module.src.step_sources = old.step_sources
+
+
+def slow_reader_requests(seconds: float) -> None:
+    """Every listing, read and footer read of the thread in the role "reader" sleeps first."""
+
+    def slowly(original):
+        def wrapper(*args, **kwargs):
+            if getattr(_role, "name", None) == "reader":
+                time.sleep(seconds)
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    for name in ("glob", "read_bytes", "exists"):
+        setattr(Store, name, slowly(getattr(Store, name)))
+    pq.read_schema = slowly(pq.read_schema)
+
+
+def run(seconds: float) -> dict:
+    url = tempfile.mkdtemp(prefix="starvation-") + "/store"
+    store, committed = prepared(url)
+    lock, stop = threading.Lock(), threading.Event()
+    counts = {"answers": 0, "failed": 0, "lost": 0, "compactions": 0, "longest_s": 0.0}
+    errors: list[str] = []
+
+    def actor() -> None:
+        number = 100
+        while not stop.is_set():
+            groups = commit_shard(store, number)
+            with lock:
+                committed.update(groups)
+            number += 1
+            time.sleep(0.02)
+
+    def compactor() -> None:
+        while not stop.is_set():
+            inbox = store.list_shards()
+            if len(inbox) > 1:
+                compact(store, inbox[:-1], None)
+                counts["compactions"] += 1
+
+    def reader() -> None:
+        _role.name = "reader"
+        while not stop.is_set():
+            with lock:
+                before = set(committed)
+            started = time.monotonic()
+            try:
+                seen = group_ids(url)
+            except Exception as exc:  # what a user would get: counted, first lines kept
+                counts["failed"] += 1
+                errors.append(f"after {time.monotonic() - started:.0f} s: {exc}"[:200])
+                continue
+            counts["answers"] += 1
+            counts["lost"] += bool(before - seen)
+            counts["longest_s"] = max(counts["longest_s"], round(time.monotonic() - started, 1))
+
+    threads = [threading.Thread(target=f) for f in (actor, compactor, reader)]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return {**counts, "errors": errors[:3]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--request-s", type=float, default=0.01)
+    parser.add_argument("--before", help="run the reader's step_sources of this commit")
+    args = parser.parse_args()
+    if args.before:
+        use_step_sources_of(args.before)
+    slow_reader_requests(args.request_s)
+    result = run(args.seconds)
+    errors = result.pop("errors")
+    print(f"{args.before or 'HEAD'} request {args.request_s} s: {result}")
+    for line in errors:
+        print(f"  failed {line}")
+
+
+if __name__ == "__main__":
+    main()
