@@ -19,15 +19,18 @@ replies/s (environment steps a second: one reply a step) and tokens/s (reply tok
 sampled a second) are the figures, not identical token streams. Stop strings are the
 actor's: vLLM stops at the environment's (the end of the line), transformers at a newline.
 
-Sides (`--sides`, comma-separated): `BACKEND-DTYPE[-kK]`, BACKEND vllm or hf (the
-transformers backend), DTYPE fp32 or bf16 (hf: `[actors.sampling] cpu_dtype`; vllm: the
-engine's dtype), K the groups in flight (default: the recipe's `groups_in_flight`, else
+Sides (`--sides`, comma-separated): `BACKEND-DTYPE[-compiled][-kK]`, BACKEND vllm or hf
+(the transformers backend), DTYPE fp32 or bf16 (hf: `[actors.sampling] cpu_dtype`; vllm:
+the engine's dtype), `compiled`: vLLM compiles its model (torch.compile, vLLM's own
+default and `[actors.vllm] enforce_eager = false`'s) instead of running eager (no graphs,
+as bench_vllm.py on a CPU), K the groups in flight (default: the recipe's `groups_in_flight`, else
 the actor's default for that backend: 1 for transformers, 16 for vLLM, at most
 `--groups`). Sides that differ only in K share one worker. Each worker runs a one-group
 warm-up pass first; then `--repeats` timed rounds. The figure of a side is the median of
-its passes; the ratios are of those medians, and also round by round. vLLM serves eager
-(no graphs, no torch.compile, as bench_vllm.py on a CPU) unless `--vllm-compile`, with a
-`--kv-cache-mib` KV cache; every worker process uses one torch thread (the actors'
+its passes; the ratios are of those medians, and also round by round. CPU-s/reply and
+cores busy count the CPU time of the side's whole process tree during its passes (vLLM's
+engine runs in processes of its own), what the actor takes from a learner beside it.
+vLLM has a `--kv-cache-mib` KV cache; every worker process uses one torch thread (the actors'
 default), and the vLLM engine binds its own (its worker: one core of two here).
 
     GAGPO_CACHE=.cache/gagpo nice -n 19 .venv/bin/python benchmarks/bench_actor_backends.py \\
@@ -63,28 +66,29 @@ def recipe_actors(recipe: str) -> dict:
     return tomllib.loads(path.read_text())["actors"]
 
 
-def parse_side(spec: str, actors: dict, groups: int) -> tuple[str, str, int]:
-    """(backend, dtype, K) of a side spec such as vllm-fp32-k1 or hf-bf16."""
+def parse_side(spec: str, actors: dict, groups: int) -> tuple[str, int]:
+    """(worker, K) of a side spec such as vllm-bf16-compiled-k1 or hf-bf16: the worker is
+    the spec less its K."""
     parts = spec.split("-")
+    k = None
+    if len(parts) > 2 and parts[-1][:1] == "k" and parts[-1][1:].isdigit():
+        k = int(parts.pop()[1:])
     ok = len(parts) in (2, 3) and parts[0] in ("vllm", "hf") and parts[1] in ("fp32", "bf16")
-    if ok and len(parts) == 3:
-        ok = parts[2].startswith("k") and parts[2][1:].isdigit() and int(parts[2][1:]) >= 1
-    if not ok:
+    ok = ok and parts[2:] in ([], ["compiled"]) and (parts[0] == "vllm" or len(parts) == 2)
+    if not ok or k == 0:
         raise SystemExit(
-            f"side {spec!r}: accepted BACKEND-DTYPE[-kK], BACKEND vllm or hf, "
-            "DTYPE fp32 or bf16, K >= 1 (e.g. vllm-fp32-k1, hf-bf16)"
+            f"side {spec!r}: accepted BACKEND-DTYPE[-compiled][-kK], BACKEND vllm or hf, "
+            "DTYPE fp32 or bf16, compiled (vllm only), K >= 1 (e.g. vllm-fp32-k1, hf-bf16)"
         )
-    if len(parts) == 3:
-        k = int(parts[2][1:])
-    else:
+    if k is None:
         k = actors.get("groups_in_flight") or (VLLM_DEFAULT_K if parts[0] == "vllm" else 1)
-    return parts[0], parts[1], min(k, groups)
+    return "-".join(parts), min(k, groups)
 
 
 # --- the worker: one backend, one model, passes on request --------------------------
 
 
-def load_side(backend: str, dtype: str, actors: dict, folder: Path, args):
+def load_side(backend: str, dtype: str, compiled: bool, actors: dict, folder: Path, args):
     from gagpo.actors.config import SamplingConfig, VllmSettings
     from gagpo.actors.policies.presets import load_policy
     from gagpo.envs import make_env
@@ -97,7 +101,7 @@ def load_side(backend: str, dtype: str, actors: dict, folder: Path, args):
     env = make_env(actors["env"], actors["max_turns"], **actors.get("env_options", {}))
     settings = VllmSettings(
         dtype="float32" if dtype == "fp32" else "bfloat16",
-        enforce_eager=not args.vllm_compile,
+        enforce_eager=not compiled,
         max_model_len=4096,
     )
     return VLLMPolicy(
@@ -146,10 +150,10 @@ def worker(args) -> None:
     torch.set_num_threads(1)  # the actors' default (ActorConfig.threads)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    backend, dtype = args.worker.split("-")
+    backend, dtype, *compiled = args.worker.split("-")
     actors = recipe_actors(args.recipe)
     t0 = time.perf_counter()
-    policy = load_side(backend, dtype, actors, Path(args.model_dir), args)
+    policy = load_side(backend, dtype, bool(compiled), actors, Path(args.model_dir), args)
     info = {
         "load_s": time.perf_counter() - t0,
         "python": sys.executable,
@@ -169,7 +173,6 @@ class Worker:
         command = [python, __file__, "--worker", name, "--recipe", args.recipe]
         command += ["--model-dir", str(args.model_dir)]
         command += ["--kv-cache-mib", str(args.kv_cache_mib)]
-        command += ["--vllm-compile"] if args.vllm_compile else []
         self.log = log.open("w")
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
@@ -235,10 +238,10 @@ def drive(args) -> dict:
     pythons = {"vllm": args.vllm_python, "hf": args.hf_python}
     logs = Path(tempfile.mkdtemp(prefix="bench_actor_backends_"))
     workers: dict[str, Worker] = {}
-    for backend, dtype, _ in sides.values():
-        name = f"{backend}-{dtype}"
+    for name, _ in sides.values():
         if name not in workers:
-            workers[name] = Worker(name, pythons[backend], args, logs / f"{name}.log")
+            python = pythons[name.split("-")[0]]
+            workers[name] = Worker(name, python, args, logs / f"{name}.log")
     loads = {name: w.read() for name, w in workers.items()}
     print(f"loaded: {loads}; worker logs in {logs}", flush=True)
     for w in workers.values():  # warm-up: one group each, tasks never timed
@@ -248,12 +251,19 @@ def drive(args) -> dict:
     passes: dict[str, list[dict]] = {s: [] for s in names}
     for r in range(args.repeats):
         for spec in names[r % len(names) :] + names[: r % len(names)]:
-            backend, dtype, k = sides[spec]
+            name, k = sides[spec]
             waited = settle(list(workers.values()), args.idle_cpu, args.settle_s)
             load = os.getloadavg()[0]
             request = {"groups": args.groups, "in_flight": k, "seed": args.seed}
-            result = workers[f"{backend}-{dtype}"].ask(request)
-            result |= {"load_before": load, "load_after": os.getloadavg()[0], "settle_s": waited}
+            worker = workers[name]
+            cpu = tree_cpu_s([worker.proc.pid])
+            result = worker.ask(request)
+            result |= {
+                "load_before": load,
+                "load_after": os.getloadavg()[0],
+                "settle_s": waited,
+                "cpu_s": tree_cpu_s([worker.proc.pid]) - cpu,  # all its processes
+            }
             passes[spec].append(result)
             print(
                 f"round {r + 1}/{args.repeats} {spec}: {result['steps'] / result['seconds']:.2f} "
@@ -279,6 +289,8 @@ def rows(passes: dict[str, list[dict]]) -> dict[str, dict]:
             "generate_share": sum(p["seconds_generate"] for p in ps)
             / sum(p["seconds"] for p in ps),
             "success": sum(p["successes"] for p in ps) / sum(p["rollouts"] for p in ps),
+            "cpu_s_per_reply": statistics.median(p["cpu_s"] / p["steps"] for p in ps),
+            "cores_busy": statistics.median(p["cpu_s"] / p["seconds"] for p in ps),
             "load": [round(p["load_before"], 1) for p in ps],
         }
     return out
@@ -287,8 +299,9 @@ def rows(passes: dict[str, list[dict]]) -> dict[str, dict]:
 def table(results: dict, base: str) -> str:
     lines = [
         f"| side | K | replies/s | tokens/s | replies/s ÷ {base} | tokens/s ÷ {base} "
-        "| round-by-round replies/s ratio | passes (replies/s) | tokens/reply | load |",
-        "|---|---:|---:|---:|---:|---:|---|---|---:|---|",
+        "| round-by-round replies/s ratio | passes (replies/s) | tokens/reply "
+        "| CPU-s/reply | cores busy | load |",
+        "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|",
     ]
     r, passes = results["rows"], results["passes"]
     for spec, row in r.items():
@@ -297,13 +310,14 @@ def table(results: dict, base: str) -> str:
             for p, b in zip(passes[spec], passes[base], strict=True)
         ]
         lines.append(
-            f"| {spec} | {results['sides'][spec][2]} | {row['replies_per_s']:.2f} "
+            f"| {spec} | {results['sides'][spec][1]} | {row['replies_per_s']:.2f} "
             f"| {row['tokens_per_s']:.1f} "
             f"| {row['replies_per_s'] / r[base]['replies_per_s']:.2f} "
             f"| {row['tokens_per_s'] / r[base]['tokens_per_s']:.2f} "
             f"| {', '.join(f'{x:.2f}' for x in ratio)} "
             f"| {', '.join(f'{x:.2f}' for x in row['replies_per_s_passes'])} "
-            f"| {row['tokens_per_reply']:.2f} | {', '.join(map(str, row['load']))} |"
+            f"| {row['tokens_per_reply']:.2f} | {row['cpu_s_per_reply']:.3f} "
+            f"| {row['cores_busy']:.2f} | {', '.join(map(str, row['load']))} |"
         )
     return "\n".join(lines)
 
@@ -318,12 +332,6 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--hf-python", default=sys.executable)
     parser.add_argument("--kv-cache-mib", type=int, default=512, help="vLLM KV cache on a CPU")
-    parser.add_argument(
-        "--vllm-compile",
-        action="store_true",
-        help="vLLM compiles its model (torch.compile, vLLM's own default) instead of "
-        "running eager (bench_vllm.py's CPU setting)",
-    )
     parser.add_argument("--idle-cpu", type=float, default=0.05, help="CPU-s/s counted as idle")
     parser.add_argument("--settle-s", type=float, default=30.0, help="longest idle wait")
     parser.add_argument("--base", default="hf-fp32", help="the side the ratios are to")
@@ -341,7 +349,6 @@ def main() -> None:
         "cores": os.cpu_count(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "recipe": args.recipe,
-        "vllm_compile": args.vllm_compile,
         "kv_cache_mib": args.kv_cache_mib,
         "groups": args.groups,
         "repeats": args.repeats,
