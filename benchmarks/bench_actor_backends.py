@@ -23,18 +23,21 @@ Sides (`--sides`, comma-separated): `BACKEND-DTYPE[-compiled][-kK]`, BACKEND vll
 (the transformers backend), DTYPE fp32 or bf16 (hf: `[actors.sampling] cpu_dtype`; vllm:
 the engine's dtype), `compiled`: vLLM compiles its model (torch.compile, vLLM's own
 default and `[actors.vllm] enforce_eager = false`'s) instead of running eager (no graphs,
-as bench_vllm.py on a CPU), K the groups in flight (default: the recipe's `groups_in_flight`, else
-the actor's default for that backend: 1 for transformers, 16 for vLLM, at most
-`--groups`). Sides that differ only in K share one worker. Each worker runs a one-group
-warm-up pass first; then `--repeats` timed rounds. The figure of a side is the median of
-its passes; the ratios are of those medians, and also round by round. CPU-s/reply and
-cores busy count the CPU time of the side's whole process tree during its passes (vLLM's
-engine runs in processes of its own), what the actor takes from a learner beside it.
-vLLM has a `--kv-cache-mib` KV cache; every worker process uses one torch thread (the actors'
-default), and the vLLM engine binds its own (its worker: one core of two here).
+as bench_vllm.py on a CPU), K the groups in flight (default: the recipe's
+`groups_in_flight`, else the actor's default for that backend: 1 for transformers, 16 for
+vLLM; at most `--groups`). Sides that differ only in K share one worker. Each worker runs
+a one-group warm-up pass first; then `--repeats` timed rounds. The figure of a side is
+the median of its passes; the ratios (to `--base`) are of those medians, and also round
+by round. CPU-s/reply and cores busy count the CPU time of the side's whole process tree
+during its passes (vLLM's engine runs in processes of its own): what the actor takes from
+a learner beside it. vLLM has a `--kv-cache-mib` KV cache; every worker process uses one
+torch thread (the actors' default), and the vLLM engine binds its own (its worker: one
+core of two here).
 
-    GAGPO_CACHE=.cache/gagpo nice -n 19 .venv/bin/python benchmarks/bench_actor_backends.py \\
-        --recipe llm-demo --sides vllm-fp32-k1,vllm-fp32,hf-fp32,hf-bf16 --groups 4 --repeats 3
+    export GAGPO_CACHE=$PWD/.cache/gagpo
+    nice -n 19 .venv/bin/python benchmarks/bench_actor_backends.py --recipe llm-demo \\
+        --sides vllm-fp32-k1,vllm-bf16-k1,vllm-bf16,hf-fp32,hf-bf16,hf-bf16-k4 \\
+        --base hf-bf16 --groups 4 --repeats 5 --out result.json
 """
 
 from __future__ import annotations
