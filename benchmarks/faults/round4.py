@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def _group_nodes(ray, group: str) -> dict[int, str]:
 
 def _left(ray, run, name: str, wait_s: float = 60.0) -> int:
     """Placement groups, Ray actors and processes of the run still alive after `wait_s`."""
-    from tests.helpers.ray_procs import alive
+    from tests.helpers.procs import alive
 
     deadline = time.monotonic() + wait_s
     while True:
@@ -169,7 +170,11 @@ def node_loss(work: Path, trials: int = 1, updates: int = 4) -> dict:
 
 
 def _local_run(work: Path, tag: str, *extra: str, session: bool = True) -> tuple:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_TMPDIR": str(work / f"ray-{tag}")}
+    # Ray's socket paths (RAY_TMPDIR/session_<date>_<pid>/sockets/plasma_store) must fit
+    # AF_UNIX's 107 bytes: a folder named after the case under the work folder did not
+    # (`gagpo run --ray` then failed to start, exit 1, and the case was counted failed).
+    ray_tmp = tempfile.mkdtemp(prefix="ray-", dir=str(work) if len(str(work)) < 30 else None)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_TMPDIR": ray_tmp}
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -198,7 +203,7 @@ def _local_run(work: Path, tag: str, *extra: str, session: bool = True) -> tuple
 def _stop_and_count(
     proc, sig: int, group: bool, started: str, figures: dict, expect: int, folder: Path | None
 ) -> None:
-    from tests.helpers.ray_procs import alive, processes_naming
+    from tests.helpers.procs import alive, processes_naming
 
     lines = []
     for line in proc.stdout:
@@ -218,8 +223,12 @@ def _stop_and_count(
         pids |= seen | processes_naming(folder)
     figures["trials"] += 1
     figures[f"exit_{expect}"] = figures.get(f"exit_{expect}", 0) + (code == expect)
-    figures["traceback_or_native_dump"] += "Traceback" in text or "SIGTERM received" in text
+    dumped = "Traceback" in text or "SIGTERM received" in text
+    figures["traceback_or_native_dump"] += dumped
     figures["processes_left"] += sum(1 for pid in pids if alive(pid))
+    if dumped or code != expect:  # what it said, to tell a regression from the machine
+        said = [line.strip() for line in text.splitlines() if line.strip()]
+        figures.setdefault("failed", []).append({"exit": code, "last_lines": said[-8:]})
 
 
 def process_group(work: Path, trials: int = 1) -> dict:
