@@ -65,7 +65,8 @@ from gagpo.inspection.sql_views import VIEWS, view_statements
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
-from gagpo.storage.archive import RESOLVE_ATTEMPTS, is_missing_file
+from gagpo.storage.archive import is_missing_file
+from gagpo.storage.resolving import Tries
 from gagpo.storage.store import Store
 
 # Settings fixed before any user query runs; `lock_configuration` comes last.
@@ -253,6 +254,17 @@ def _gone(segments: list[str]) -> GagpoError | None:
     return GagpoError(f"query failed: No such file: {gone[0]} (a compaction merged it)")
 
 
+def _raise_if_gone(con, exc: BaseException, reason: str) -> None:
+    """A query that failed because a file it read vanished (a compaction removed it): said
+    as a missing file, whichever DuckDB error carried it (an object store's is a Python
+    FileNotFoundError below the first line), so query_store resolves the store again."""
+    gone = _gone(_SEGMENTS.get(id(con), []))
+    if gone is not None:
+        raise gone from None
+    if "FileNotFoundError" in str(exc):
+        raise GagpoError(f"query failed: No such file ({reason})") from None
+
+
 def _sql_list(paths: list[str]) -> str:
     """`paths` as a DuckDB list of string literals."""
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
@@ -357,11 +369,7 @@ def run_query(
             return _fetch(relation, memory_bytes(limits.memory()))
     except (duckdb.PermissionException, duckdb.InvalidInputException) as exc:
         reason = _first_line(exc)
-        gone = _gone(_SEGMENTS.get(id(con), []))
-        if gone is not None:
-            raise gone from None
-        if "FileNotFoundError" in str(exc):  # an object store's file, gone: said further down
-            raise GagpoError(f"query failed: No such file ({reason})") from None
+        _raise_if_gone(con, exc, reason)
         if isinstance(exc, duckdb.PermissionException) or "configuration has been locked" in reason:
             raise GagpoError(
                 "query refused: gagpo sql is read-only and confined to the store "
@@ -370,6 +378,7 @@ def run_query(
         raise GagpoError(f"query failed: {reason}") from None
     except duckdb.Error as exc:
         reason = _first_line(exc)
+        _raise_if_gone(con, exc, reason)
         if reason.startswith("PermissionError"):  # a write to a segment's read-only URL
             raise GagpoError(
                 f"query refused: gagpo sql is read-only and confined to the store ({reason})"
@@ -446,14 +455,16 @@ def query_store(
 ) -> pa.Table:
     """`query` on a fresh connection over `store`. A file a compaction removed while the
     query ran (its groups are in a segment now) makes the query run again on the store as
-    it stands: a query never fails, nor counts twice, because a compaction committed."""
-    for attempt in range(RESOLVE_ATTEMPTS):
+    it stands, as every reader tries again (storage/resolving.py): a query never counts
+    twice because a compaction committed, and fails only once compactions kept removing
+    what it read for RESOLVE_DEADLINE_S and RESOLVE_ATTEMPTS runs."""
+    for _ in (tries := Tries()):
         con = None
         try:
             con = open_store_db(store, gamma=gamma, limits=limits, as_of_update=as_of_update)
             return run_query(con, query, limits)
         except (GagpoError, OSError, pa.ArrowException) as exc:
-            if attempt == RESOLVE_ATTEMPTS - 1 or not is_missing_file(exc):
+            if not is_missing_file(exc) or tries.exhausted():
                 raise
         finally:
             if con is not None:
@@ -489,7 +500,7 @@ def view_columns(con: duckdb.DuckDBPyConnection, view: str) -> list[tuple[str, s
 def _first_line(exc: BaseException) -> str:
     """The line that says why: the first, or the last of a Python traceback (an error
     raised by a file system registered on the connection, inspection/sql_segments.py)."""
-    lines = str(exc).strip().splitlines()
+    lines = [line for line in str(exc).strip().splitlines() if line.strip(" ^~")]
     if not lines:
         return type(exc).__name__
     return lines[-1] if lines[0].startswith("Traceback") else lines[0]

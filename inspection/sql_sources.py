@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-import random
 import sys
-import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -27,13 +25,19 @@ from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, ValidationError, first_line
 from gagpo.schemas.validate import validate_footer
 from gagpo.storage.archive import (
-    RESOLVE_ATTEMPTS,
+    Manifest,
     StepFiles,
     generation_of,
     read_manifest,
     step_files,
 )
 from gagpo.storage.registry import LOADS_SCHEMA, check_loads
+from gagpo.storage.resolving import (  # noqa: F401  (RESOLVE_ATTEMPTS: importers take it here)
+    RESOLVE_ATTEMPTS,
+    RESOLVE_DEADLINE_S,
+    RESOLVE_PAUSE_S,
+    Tries,
+)
 from gagpo.storage.store import Store
 
 ESTIMATOR = "estimator"
@@ -266,52 +270,39 @@ class StepSources:
     estimators: pa.Table
 
 
-# How long `step_sources` keeps resolving while compactions commit, at least
-# RESOLVE_ATTEMPTS passes; the pauses between passes grow to at most RESOLVE_PAUSE_S.
-RESOLVE_DEADLINE_S = 60.0
-RESOLVE_PAUSE_S = 1.0
-
-
 def step_sources(
     store: Store, filesystem, *, deadline_s: float = RESOLVE_DEADLINE_S
 ) -> StepSources:
     """The steps views' files, resolved and opened as of one instant of the archive.
 
-    A compaction that commits while this runs removes, right after, files the resolution
-    named (the inbox shards it moved, the segment it merged, their advantage tables): a
-    footer read, or a dataset opened, then finds one missing, and an advantage listing
-    made after the commit lacks the moved shards' tables. Either way, the store is
-    resolved again (storage/archive.py `step_files`), until one pass ends with the archive
-    at the generation it started from: only then is every file it names there, and every
-    table it lists the one of a file it names (a compactor removes nothing a generation
-    names while that generation is the newest). Unreadable files are skipped and named
-    in one warning line (printed once, for the pass that is kept).
+    A compaction that removes at once what it superseded (the inbox shards it moved, the
+    segment it merged, their advantage tables) takes, right after its commit, files the
+    resolution named: a footer read, or a dataset opened, then finds one missing, and an
+    advantage listing made after the commit lacks the moved shards' tables. Either way,
+    the store is resolved again (storage/archive.py `step_files`), until one pass ends
+    with every file it names still there (`still_named`: the archive at the generation
+    it started from, or the next when that one defers removal). A compaction that defers
+    removal (storage/compaction.py) keeps those files until the next commit, so a pass
+    that spans one whole compaction is kept at once. Unreadable files are skipped and
+    named in one warning line (printed once, for the pass that is kept).
 
     A pass reads only the footers no earlier pass read (committed files never change), so
-    a pass after a compaction costs what the compaction wrote, not the whole store: a
-    reader whose full pass is slower than the time between compactions gets through
-    (tests/test_reliability_round6_starvation.py). Passes are retried after a random
-    pause, doubling up to RESOLVE_PAUSE_S, for at least RESOLVE_ATTEMPTS passes and
-    `deadline_s` seconds; then one line says why it stopped. The wait is bounded, not
-    unstarvable: a compactor that commits faster than one short pass (about a dozen
-    requests) holds it off until it pauses (benchmarks/RESULTS.md, Round 6)."""
+    a pass after a compaction costs what the compaction wrote, not the whole store
+    (tests/test_reliability_round6_starvation.py). Passes are tried as every reader tries
+    (storage/resolving.py: at least RESOLVE_ATTEMPTS and `deadline_s` seconds, random
+    pauses doubling up to RESOLVE_PAUSE_S); then one line says why it stopped."""
     footers: dict[str, pa.Schema] = {}
-    started, pause, passes = time.monotonic(), 0.01, 0
-    while True:
-        passes += 1
+    tries = Tries(deadline_s=deadline_s)
+    for _ in tries:
         sources, warnings = _sources_pass(store, filesystem, footers)
         if sources is not None:
             for line in warnings:
                 print(line, file=sys.stderr)
             return sources
-        if passes >= RESOLVE_ATTEMPTS and time.monotonic() - started >= deadline_s:
-            break
-        time.sleep(random.uniform(0.0, pause))
-        pause = min(2 * pause, RESOLVE_PAUSE_S)
     raise GagpoError(
         f"store {store.url}: compactions kept removing files while the views were opened "
-        f"({passes} attempts in {time.monotonic() - started:.0f} s); accepted: try again "
-        "when the store's compactions pause (a learner compacts at most once an update)"
+        f"({tries.spent()}); accepted: try again when the store's compactions pause (a "
+        "learner compacts at most once an update)"
     )
 
 
@@ -340,9 +331,18 @@ def _sources_pass(
         )
     except FileNotFoundError:  # a footer read, or a dataset opened (pyarrow says so)
         return None, []
-    if generation_of(read_manifest(store)) != generation_of(files.manifest):
+    if not still_named(files.manifest, read_manifest(store)):
         return None, []
     return sources, warnings
+
+
+def still_named(resolved: Manifest | None, now: Manifest | None) -> bool:
+    """Whether every file a resolution at `resolved` named (and every table listed then)
+    is still there with the archive at `now`: the same generation, or the next one when
+    it defers removal (its compaction removed only what `resolved`'s predecessor named,
+    storage/compaction.py `compact(defer_removal=True)`)."""
+    start, end = generation_of(resolved), generation_of(now)
+    return end == start or (end == start + 1 and now is not None and now.defers)
 
 
 def parquet_source(filesystem, paths: list[str], schema: pa.Schema, **options):

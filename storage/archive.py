@@ -16,21 +16,24 @@ readers open a few large files instead of one per group.
 the newest is the archive. It names every live segment, and the file that lists the shards
 generation g+1 moved (its `moved` sidecar, written before the commit): those may still
 sit in the inbox until their removal completes, after which the compactor commits the
-generation's `cleared` marker. Before it commits generation g+1, a compactor removes every
-inbox shard that generation g moved; so while generation g is the newest, the only
-archived shards still in the inbox are those g itself moved, and none once g is cleared.
-A manifest stays the size of its segment list; the moved list (64 000 ids after one
-`gagpo compact --all` of a long run) is read only while it can matter: the generation
-not yet cleared and the inbox not empty.
+generation's `cleared` marker. A compaction removes what its generation superseded (the
+shards it moved, the segments it merged, their tables) right after its commit, or, when it
+defers removal (the manifest's `defers_removal`), right after the next generation commits;
+before it commits generation g+1 it finishes any removal of generation g-1 a kill cut. So
+while generation g is the newest, the only archived shards still in the inbox are those g
+moved and, until it is cleared, those g-1 moved. A manifest stays the size of its segment
+list; the moved lists (64 000 ids after one `gagpo compact --all` of a long run) are read
+only while they can matter: a generation not yet cleared and the inbox not empty.
 
     archive/manifest/<generation>.json                 the manifest (format 2)
     archive/manifest/<generation>-<id>.moved.json      the shard ids it moved
     archive/manifest/<generation>.cleared              they are out of the inbox
 
 **One reader.** `step_files` resolves "the store's steps" as: the manifest, then the
-inbox listing, then the manifest again; if a compaction committed between the two reads
-it starts again (a sequence lock). The result is every segment plus every inbox shard
-the archive does not hold: each group exactly once, also halfway through a compaction.
+inbox listing, then the manifest again; if more than one compaction committed between the
+two reads it starts again (a sequence lock; after one, the newer generation's moved list
+is left out too). The result is every segment plus every inbox shard the archive does not
+hold: each group exactly once, also halfway through a compaction.
 A file that vanishes after that (a compaction removed a shard it moved, or a segment it
 merged) raises FileNotFoundError in the reader, which resolves again (`read_with_retry`).
 A reader never takes a missing file for an unreadable one and skips it: its groups are
@@ -51,11 +54,10 @@ from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
-from gagpo.schemas.errors import GagpoError, ValidationError, first_line
+from gagpo.schemas.errors import GagpoError, first_line
 from gagpo.schemas.layout import (  # noqa: F401  (names importers take from here)
     ARCHIVE,
     CLEARED_SUFFIX,
@@ -64,7 +66,13 @@ from gagpo.schemas.layout import (  # noqa: F401  (names importers take from her
     MOVED_SUFFIX,
     SEGMENTS,
 )
-from gagpo.schemas.validate import validate_footer, validate_steps
+from gagpo.storage.resolving import RESOLVE_ATTEMPTS, Tries  # noqa: F401  (importers)
+from gagpo.storage.segments import (  # noqa: F401  (names importers take from here)
+    checked_segment,
+    file_groups,
+    read_segment,
+    segment_refused,
+)
 from gagpo.storage.store import ShardRef, Store, parquet_table
 
 MANIFEST_FORMAT = 2  # 1: the moved shard ids inline (read, never written)
@@ -72,7 +80,7 @@ READABLE_FORMATS = (1, 2)
 # Older generations kept beside the newest (a reader that listed one just before a prune
 # still finds it); the archive needs only the newest.
 KEEP_MANIFESTS = 8
-RESOLVE_ATTEMPTS = 20
+MANIFEST_READS = 20  # listings of archive/manifest/ before a manifest that keeps vanishing fails
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,10 @@ class Manifest:
     created_at: float = field(default_factory=time.time)
     cleared: bool = False  # its moved shards are all out of the inbox (the marker exists)
     inline_moved: frozenset[str] | None = None  # format 1 kept the moved ids in the manifest
+    # Its compaction keeps what it superseded (the shards it moved, the segments it merged,
+    # their tables) until the next generation commits (`compact(defer_removal=True)`).
+    defers: bool = False
+    previous_cleared: bool = True  # generation - 1 is cleared, or gone (read with the listing)
 
     def to_json(self) -> bytes:
         body = {
@@ -109,11 +121,14 @@ class Manifest:
             "segments": [asdict(s) | {"runs": list(s.runs)} for s in self.segments],
             "moved_file": self.moved_file,
             "moved_count": self.moved_count,
+            "defers_removal": self.defers,
         }
         return json.dumps(body, indent=1).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, where: str, cleared: bool = False) -> Manifest:
+    def from_json(
+        cls, data: bytes, where: str, cleared: bool = False, previous_cleared: bool = True
+    ) -> Manifest:
         try:
             body = json.loads(data)
             fmt = body.get("format")
@@ -126,6 +141,8 @@ class Manifest:
                 segments=segments,
                 created_at=float(body["created_at"]),
                 cleared=cleared,
+                defers=body.get("defers_removal", False) is True,
+                previous_cleared=previous_cleared,
             )
             if fmt == 1:  # the moved ids inline
                 moved = frozenset(body["compacted"])
@@ -168,11 +185,29 @@ def _check_entries(segments: tuple[Segment, ...], moved_file: object, where: str
 
 
 def moved_shards(store: Store, manifest: Manifest | None) -> frozenset[str]:
-    """The shard ids `manifest`'s generation moved that may still be in the inbox: none
-    once it is cleared, else all it moved."""
-    if manifest is None or manifest.cleared:
+    """The shard ids that may still be in the inbox though the archive holds them: those
+    `manifest`'s generation moved unless it is cleared, and those its predecessor moved
+    unless that one is (a compaction that defers removal leaves them until the next
+    generation commits). Older generations are cleared before a generation commits.
+    FileNotFoundError when the predecessor's manifest vanished meanwhile (pruned after
+    later commits: resolve again)."""
+    if manifest is None:
         return frozenset()
-    return moved_by(store, manifest)
+    moved = frozenset() if manifest.cleared else moved_by(store, manifest)
+    if not manifest.previous_cleared:
+        previous = previous_manifest(store, manifest)
+        if previous is not None:
+            moved |= moved_by(store, previous)
+    return moved
+
+
+def previous_manifest(store: Store, manifest: Manifest) -> Manifest | None:
+    """Generation `manifest.generation - 1` (cleared as `manifest` was read: its
+    `previous_cleared`); None for the first generation. FileNotFoundError when it is gone."""
+    if manifest.generation <= 1:
+        return None
+    path = manifest_path(store, manifest.generation - 1)
+    return Manifest.from_json(store.read_bytes(path), path, manifest.previous_cleared)
 
 
 def moved_by(store: Store, manifest: Manifest) -> frozenset[str]:
@@ -255,14 +290,18 @@ def manifest_generations(store: Store) -> list[int]:
 
 def read_manifest(store: Store) -> Manifest | None:
     """The newest manifest, or None for a store that was never compacted."""
-    for _ in range(RESOLVE_ATTEMPTS):
+    for _ in range(MANIFEST_READS):
         folder = manifest_folder(store)
         if not folder.generations:
             return None
         newest = folder.generations[-1]
         path = manifest_path(store, newest)
+        previous = newest - 1
+        settled = previous in folder.cleared or previous not in folder.generations
         try:
-            return Manifest.from_json(store.read_bytes(path), path, newest in folder.cleared)
+            return Manifest.from_json(
+                store.read_bytes(path), path, newest in folder.cleared, settled
+            )
         except FileNotFoundError:  # pruned between the listing and the read: list again
             continue
     raise GagpoError(f"store {store.url}: the archive manifest kept changing while read")
@@ -302,21 +341,41 @@ class StepFiles:
 
 def step_files(store: Store, run_id: str | None = None) -> StepFiles:
     """Resolve the store's steps (of `run_id`, when given): see the module docstring."""
-    for _ in range(RESOLVE_ATTEMPTS):
+    tries = Tries()
+    for _ in tries:
         before = read_manifest(store)
         refs = store.list_shards(run_id)
         after = read_manifest(store)
-        if generation_of(before) == generation_of(after):
-            break
+        if generation_of(after) - generation_of(before) not in (0, 1):
+            continue
+        try:
+            moved = _moved_while_listed(store, before, after) if refs else frozenset()
+        except FileNotFoundError:  # a predecessor pruned meanwhile: list again
+            continue
+        break
     else:
-        raise GagpoError(f"store {store.url}: compactions kept committing while it was listed")
+        raise GagpoError(
+            f"store {store.url}: compactions kept committing while it was listed "
+            f"({tries.spent()}); accepted: try again when the store's compactions pause"
+        )
     if after is None:
         return StepFiles(None, (), tuple(refs), run_id)
     segments = tuple(s for s in after.segments if run_id is None or run_id in s.runs)
-    # `before` cleared: the listing came after the removal, so no moved shard is in it
-    moved = moved_shards(store, before) if refs else frozenset()
     inbox = tuple(ref for ref in refs if ref.shard_id not in moved)
     return StepFiles(after, segments, inbox, run_id)
+
+
+def _moved_while_listed(
+    store: Store, before: Manifest | None, after: Manifest | None
+) -> frozenset[str]:
+    """The archived shards a listing made between `before` and `after` (the same
+    generation, or the next) may hold: those `before`'s flags say were not yet out of the
+    inbox (a generation cleared then was out before the listing began), and all that
+    `after` moved when it is a newer generation (its removal may have begun or not)."""
+    moved = moved_shards(store, before)
+    if after is not None and generation_of(after) != generation_of(before):
+        moved |= moved_by(store, after)
+    return moved
 
 
 def is_segment(ref: ShardRef) -> bool:
@@ -332,20 +391,16 @@ def generation_of(manifest: Manifest | None) -> int:
 T = TypeVar("T")
 
 
-def read_with_retry(
-    store: Store,
-    read: Callable[[StepFiles], T],
-    run_id: str | None = None,
-    attempts: int = RESOLVE_ATTEMPTS,
-) -> T:
+def read_with_retry(store: Store, read: Callable[[StepFiles], T], run_id: str | None = None) -> T:
     """`read(step_files(store))`, resolved again when a file it names vanished meanwhile
-    (a compaction removed it after moving its groups): the groups are then elsewhere."""
-    for attempt in range(attempts):
+    (a compaction removed it after moving its groups): the groups are then elsewhere.
+    Tried as every reader tries (storage/resolving.py); then the last error is raised."""
+    for _ in (tries := Tries()):
         files = step_files(store, run_id)
         try:
             return read(files)
         except (OSError, pa.ArrowException) as exc:
-            if attempt == attempts - 1 or not is_missing_file(exc):
+            if not is_missing_file(exc) or tries.exhausted():
                 raise
     raise AssertionError("unreachable")
 
@@ -437,59 +492,6 @@ def _filtered(
     if mask is not None:
         table = table.filter(mask)
     return table if columns is None else table.select(columns)
-
-
-def read_segment(store: Store, path: str, columns: list[str] | None = None) -> pa.Table:
-    """An archive segment's steps (only `columns`, when given), validated on read as a
-    shard is (schemas/validate.py): every check over the whole file when it is read whole,
-    the footer's (schema version, group size, the contract's columns and types) when only
-    some columns are. A bad segment raises ValidationError with the reason; the archive is
-    never quarantined (its manifest names the file): readers refuse it (`segment_refused`).
-    A link, or a path outside the store, is a one-line OutsideStoreError (Store.confine);
-    FileNotFoundError propagates (a compaction merged it: resolve again)."""
-    data = store.read_bytes(path)
-    try:
-        footer = pq.ParquetFile(pa.BufferReader(data)).schema_arrow
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise ValidationError(f"unreadable Parquet file ({first_line(exc)})") from None
-    validate_footer(footer)
-    try:
-        table = parquet_table(data, columns)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise ValidationError(f"unreadable Parquet file ({first_line(exc)})") from None
-    if columns is None:
-        validate_steps(table, table.schema.metadata)
-    return table
-
-
-def file_groups(store: Store, path: str) -> set[str]:
-    """The group ids of the steps file `path`, from its group_id column alone (a ranged
-    read: a large segment is not read whole); empty for a file that is missing, not the
-    store's own (Store.is_own) or does not decode."""
-    if not store.is_own(path):
-        return set()
-    try:
-        with store.fs.open(path, "rb") as handle:
-            table = pq.ParquetFile(handle).read(columns=[C.GROUP_ID], use_threads=False)
-        return set(table[C.GROUP_ID].unique().to_pylist())
-    except (OSError, ValueError, KeyError, pa.ArrowException):
-        return set()
-
-
-def segment_refused(path: str, reason: str) -> GagpoError:
-    """The one line for a segment that fails validation (see docs/store.md)."""
-    return GagpoError(
-        f"archive segment {path} cannot be used: {reason}; refused: nothing was read from it "
-        "or changed (restore the file, or the store, from a copy)"
-    )
-
-
-def checked_segment(store: Store, path: str, columns: list[str] | None = None) -> pa.Table:
-    """`read_segment`, a bad segment refused with one line (GagpoError)."""
-    try:
-        return read_segment(store, path, columns)
-    except ValidationError as exc:
-        raise segment_refused(path, str(exc)) from None
 
 
 def _empty(columns: list[str] | None) -> pa.Table:

@@ -13,21 +13,22 @@ One compaction, in this order, each step safe to kill:
    ledger rows, and each advantage tag's tables of those groups, then the list of the
    shards it moves, every file with its own atomic commit;
 4. commit the next manifest generation (an exclusive create: the commit point);
-5. remove the moved inbox shards and their advantage tables, commit the generation's
-   `cleared` marker (readers stop reading its moved list), remove the merged segment;
+5. remove what the previous generation superseded if it deferred removal; then, unless
+   this one defers (`defer_removal`), what it superseded itself: the moved inbox shards
+   and their advantage tables, then the generation's `cleared` marker (readers stop
+   reading its moved list), then the merged segment (storage/removal.py);
 6. prune old manifests.
 
 A kill before 4 leaves unnamed files that step 1 of the next compaction removes (readers
 never see them: they read what the manifest names); a kill after 4 leaves archived shards
 in the inbox that readers skip (the manifest names them) and the next compaction removes.
+Deferring removal keeps every file a reader resolved before the commit until the next
+commit: a reader whose pass spans one whole compaction needs no second pass (issue 46).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
-import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,29 +38,30 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
-from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.validate import check_group_owners, group_size_of, validate_steps
 from gagpo.storage.archive import (
-    KEEP_MANIFESTS,
     Manifest,
     Segment,
-    advantage_tags,
     checked_segment,
-    cleared_path,
-    file_groups,
     ledger_part_path,
-    manifest_folder,
     manifest_path,
+    moved_by,
     moved_json,
     moved_name,
     moved_path,
-    moved_shards,
     read_ledger_part,
     read_manifest,
     segment_path,
 )
 from gagpo.storage.faults import fault_point
+from gagpo.storage.removal import (
+    advantage_tables,
+    clear_moved,
+    clear_superseded,
+    prune_manifests,
+    recover,
+)
 from gagpo.storage.store import (
     PARQUET_COMPRESSION,
     ShardRef,
@@ -98,98 +100,6 @@ class CompactionResult:
     seconds: float = 0.0
 
 
-def recover(store: Store, manifest: Manifest | None = None) -> int:
-    """Remove what a killed compaction left behind (see the module docstring); returns the
-    number of files removed. Readers never read these files, so this only frees space and
-    shortens listings."""
-    manifest = read_manifest(store) if manifest is None else manifest
-    named = {s.id for s in manifest.segments} if manifest else set()
-    removed = 0
-    if manifest is not None and not manifest.cleared:
-        ids = moved_shards(store, manifest)
-        listed = [r for r in store.list_shards() if r.shard_id in ids] if ids else []
-        moved = _held_by_archive(store, manifest, listed)
-        removed += _remove_advantages(store, [r.shard_id for r in moved])
-        removed += _remove(store, [r.path for r in moved])
-        store.commit_bytes(cleared_path(store, manifest.generation), b"")
-    removed += _remove(store, _stray_moved(store, manifest))
-    segments, parts = _ids(store, layout.segment), _ids(store, layout.ledger_part)
-    stray = sorted((segments | parts) - named)
-    if stray:  # advantage tables and ledger parts first, the segment itself last
-        removed += _remove_advantages(store, stray)
-        removed += _remove(store, [ledger_part_path(store, i) for i in stray if i in parts])
-        removed += _remove(store, [segment_path(store, i) for i in stray if i in segments])
-    # a killed commit's temporary files: archive/ has one writer, the lease holder (this one)
-    removed += _remove(store, _temporaries(store, stray))
-    # tables of files that are gone (a segment merged while a recompute wrote its table)
-    removed += _remove(store, _orphan_advantages(store, named))
-    return removed
-
-
-def _held_by_archive(store: Store, manifest: Manifest, refs: list[ShardRef]) -> list[ShardRef]:
-    """The shards of `refs` every group of which a segment `manifest`'s generation wrote
-    holds. A moved list says which shards a compaction meant to move; the segments say
-    what it moved. Only those shards leave the inbox here, so a moved list that lies
-    (forged, or naming another run's shards) deletes nothing the archive lacks: the
-    others stay, and are read, compacted or trained on as any inbox shard."""
-    if not refs:
-        return []
-    groups: dict[ShardRef, set[str]] = {}
-    for ref in refs:
-        found = file_groups(store, ref.path)
-        if found:
-            groups[ref] = found
-    held: set[str] = set()
-    for segment in _written_by(store, manifest) if groups else []:
-        held |= file_groups(store, segment_path(store, segment.id))
-    return [ref for ref, ids in groups.items() if ids <= held]
-
-
-def _written_by(store: Store, manifest: Manifest) -> list[Segment]:
-    """The segments `manifest`'s generation added (those its predecessor does not name;
-    every segment when the predecessor cannot be read)."""
-    before = manifest_path(store, manifest.generation - 1)
-    try:
-        previous = {s.id for s in Manifest.from_json(store.read_bytes(before), before).segments}
-    except (FileNotFoundError, GagpoError):
-        previous = set()
-    return [s for s in manifest.segments if s.id not in previous]
-
-
-def _stray_moved(store: Store, manifest: Manifest | None) -> list[str]:
-    """Moved-shard sidecars of generations never committed (a compaction killed before its
-    commit), and of pruned generations."""
-    folder = manifest_folder(store)
-    newest = manifest.generation if manifest else 0
-    keep = {manifest.moved_file} if manifest else set()
-    return [
-        moved_path(store, name)
-        for generation, names in folder.moved.items()
-        for name in names
-        if name not in keep and (generation >= newest or generation not in folder.generations)
-    ]
-
-
-def _temporaries(store: Store, stray: list[str]) -> list[str]:
-    folders = (layout.segments_dir, layout.ledger_parts_dir, layout.manifests_dir)
-    found = [p for folder in folders for p in store.glob(layout.join(folder(store.root), ".tmp-*"))]
-    ends = tuple(f"-{i}.parquet" for i in stray)
-    if ends:
-        for tag in advantage_tags(store):
-            pattern = layout.join(layout.advantages_dir(store.root, tag), ".tmp-*")
-            found += [p for p in store.glob(pattern) if p.endswith(ends)]
-    return found
-
-
-def _orphan_advantages(store: Store, named: set[str]) -> list[str]:
-    """Advantage tables named by neither a segment of the archive nor a shard of the inbox."""
-    tables = _advantage_tables(store)
-    if not tables:
-        return []
-    alive = named | {r.shard_id for r in store.list_shards()}
-    return [store.advantages_path(tag, i) for tag, ids in tables.items() for i in ids - alive]
-
-
 def compact(
     store: Store,
     shards: list[ShardRef],
@@ -199,23 +109,33 @@ def compact(
     row_group_rows: int = ROW_GROUP_ROWS,
     check: Callable[[], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    defer_removal: bool = False,
 ) -> CompactionResult:
     """Move `shards` (inbox shards every group of which may leave the inbox) into the
     archive, with `ledger`'s rows of their groups; `check()` runs right before the
-    commit (the lease check). See the module docstring for the steps."""
+    commit (the lease check). With `defer_removal`, what this generation supersedes
+    stays until the next generation commits. See the module docstring for the steps."""
     t0 = time.perf_counter()
     result = CompactionResult()
     manifest = read_manifest(store)
     result.recovered = recover(store, manifest)
+    deferred = manifest is not None and manifest.defers and not manifest.cleared
+    if deferred:  # its moved shards are still in the inbox: never moved twice
+        held = moved_by(store, manifest)
+        shards = [r for r in shards if r.shard_id not in held]
     writer = _SegmentWriter(store, manifest, ledger, segment_bytes, row_group_rows)
     moved = writer.write_all(_read_shards(store, shards, result, progress))
     if moved:
         fault_point("compact-written")  # crash tests: every file written, nothing committed
-        new = _commit_manifest(store, manifest, writer, moved, check)
+        new = _commit_manifest(store, manifest, writer, moved, check, defer_removal)
         fault_point("compact-committed")  # crash tests: committed, the inbox not yet cleared
         _count(result, new, writer, moved, ledger)
-        _clear_moved(store, new, writer, moved)
-        _prune_manifests(store)
+        if deferred:
+            clear_superseded(store, manifest)
+            fault_point("compact-superseded")  # crash tests: the previous one's files gone
+        if not defer_removal:
+            clear_moved(store, new, writer.retired, moved, writer.tables)
+        prune_manifests(store)
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -238,7 +158,7 @@ class _SegmentWriter:
         self.segment_bytes = segment_bytes
         self.row_group_rows = row_group_rows
         self.segments = list(manifest.segments) if manifest else []
-        self.tables = _advantage_tables(store)  # tag → ids of its tables, listed once
+        self.tables = advantage_tables(store)  # tag → ids of its tables, listed once
         self.written: list[Segment] = []
         self.retired: list[Segment] = []
         self.archived: set[str] = set()  # group ids moved
@@ -299,6 +219,7 @@ def _commit_manifest(
     writer: _SegmentWriter,
     moved: list[ShardRef],
     check: Callable[[], None] | None,
+    defers: bool = False,
 ) -> Manifest:
     """Step 4: the list of the moved shards, then `check()` (the lease), then the next
     generation's manifest by exclusive create, the commit point: a second compactor that
@@ -308,7 +229,9 @@ def _commit_manifest(
     kept = [s for s in writer.segments if s.id not in retired]
     moved_file = moved_name(generation + 1, new_id())
     store.commit_bytes(moved_path(store, moved_file), moved_json([r.shard_id for r in moved]))
-    new = Manifest(generation + 1, tuple(kept + writer.written), moved_file, len(moved))
+    new = Manifest(
+        generation + 1, tuple(kept + writer.written), moved_file, len(moved), defers=defers
+    )
     if check is not None:
         check()
     if not store.create_exclusive(manifest_path(store, new.generation), new.to_json()):
@@ -338,40 +261,6 @@ def _count(
     result.rows = sum(s.rows for s in written) - sum(s.rows for s in retired)
     if ledger is not None and ledger.num_rows:
         result.groups_archived = writer.archived & set(ledger[C.GROUP_ID].to_pylist())
-
-
-def _clear_moved(
-    store: Store, new: Manifest, writer: _SegmentWriter, moved: list[ShardRef]
-) -> None:
-    """Step 5: remove the advantage tables of the moved shards and retired segments, then
-    the moved shards and the run folders they emptied; commit the generation's `cleared`
-    marker so readers stop reading its moved list; then remove the retired segments and
-    their ledger parts."""
-    gone = [r.shard_id for r in moved] + [old.id for old in writer.retired]
-    tables = writer.tables
-    _remove(
-        store,
-        [store.advantages_path(tag, i) for tag, ids in tables.items() for i in gone if i in ids],
-    )
-    _remove(store, [r.path for r in moved])
-    _remove_empty_folders(store, {posixpath.dirname(r.path) for r in moved})
-    store.commit_bytes(cleared_path(store, new.generation), b"")  # readers skip the moved list
-    for old in writer.retired:
-        _remove(store, [ledger_part_path(store, old.id), segment_path(store, old.id)])
-
-
-def _prune_manifests(store: Store) -> None:
-    """Remove the generations older than the newest KEEP_MANIFESTS, their moved lists and
-    cleared markers with them (the manifest last: a listing never shows a generation
-    without its own files)."""
-    folder = manifest_folder(store)
-    for generation in folder.generations[:-KEEP_MANIFESTS]:
-        _remove(
-            store,
-            [moved_path(store, n) for n in folder.moved.get(generation, [])]
-            + [cleared_path(store, generation)] * (generation in folder.cleared),
-        )
-        _remove(store, [manifest_path(store, generation)])
 
 
 # --- steps ----------------------------------------------------------------------------
@@ -516,57 +405,3 @@ def _parquet_bytes(table: pa.Table, row_group_rows: int) -> bytes:
     buffer = io.BytesIO()
     pq.write_table(table, buffer, compression=PARQUET_COMPRESSION, row_group_size=row_group_rows)
     return buffer.getvalue()
-
-
-# --- removal --------------------------------------------------------------------------
-def _ids(store: Store, path_of: Callable[[str, str], str]) -> set[str]:
-    """The ids of the committed files `path_of(root, id)` names (segments, ledger parts)."""
-    return _stems(store.glob(path_of(store.root, "*")))
-
-
-def _advantage_tables(store: Store) -> dict[str, set[str]]:
-    """Per advantage tag, the ids (segment or shard) its committed tables are named by."""
-    return {
-        tag: _stems(store.glob(layout.advantages(store.root, tag, "*")))
-        for tag in advantage_tags(store)
-    }
-
-
-def _stems(paths: list[str]) -> set[str]:
-    """The ids files are named by (names without `.parquet`): temporaries (dot names), and
-    any name that is no id (schemas/layout.py), left out: not the store's, never removed."""
-    stems = (layout.file_id(p) for p in paths)
-    return {i for i in stems if layout.is_id(i)}
-
-
-def _remove_advantages(store: Store, ids: list[str]) -> int:
-    """Remove the advantage tables named by `ids` under every tag; returns how many."""
-    wanted = set(ids)
-    return _remove(
-        store,
-        [
-            store.advantages_path(tag, i)
-            for tag, present in _advantage_tables(store).items()
-            for i in present & wanted
-        ],
-    )
-
-
-def _remove_empty_folders(store: Store, folders: set[str]) -> None:
-    """Remove run folders the move emptied (local stores; object stores have no folders).
-    An emptied folder still costs every listing a scan (a folder that held 64 k shards:
-    `list_shards` 0.21 ms, 0.06 ms once removed); rmdir fails on a folder that is not
-    empty, and a shard writer that finds its folder gone creates it again."""
-    if not store.is_local:
-        return
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
-
-
-def _remove(store: Store, paths: list[str]) -> int:
-    """Delete `paths` (bulk where the backend has it), retried; missing ones are no error."""
-    if not paths:
-        return 0
-    store.remove_files(paths, f"{len(paths)} file(s) of a compaction")
-    return len(paths)

@@ -3,6 +3,7 @@
 
     python benchmarks/faults/reader_starvation.py --seconds 60 --request-s 0.01
     python benchmarks/faults/reader_starvation.py --request-s 0.01 --before 8ce7a41~1
+    python benchmarks/faults/reader_starvation.py --request-s 0.01 --defer
 
 One local store (an archive of three shards, an inbox of three; as the round-6 stress
 test prepares it, tests/test_reliability_round6_compaction.py): an actor thread commits a one-group shard every 20 ms, a compactor thread
@@ -11,7 +12,9 @@ the open segment), and one reader thread runs the SQL views' group ids again and
 Each store request of the reader (listing, read, footer read) first sleeps `--request-s`,
 as an object store's requests take time; the writers' do not. Prints the answers, the
 failures (with the first three lines), the compactions, the longest answer, and how many
-answers lost a group committed before they began (the reader's guarantee: always 0).
+answers lost a group committed before they began or counted a step twice (the reader's
+guarantee: always 0). `--defer` compacts with `defer_removal` (storage/compaction.py:
+what a generation superseded is removed when the next one commits).
 `--before COMMIT` runs the reader's `step_sources` of COMMIT's inspection/sql_sources.py
 instead of this tree's (the rest is this tree's).
 """
@@ -28,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # after PYTHONPATH: `--before`-style runs of another tree
 
 import pyarrow.parquet as pq  # noqa: E402
 
@@ -69,14 +72,10 @@ def prepared(url: str) -> tuple[Store, set[str]]:
 # The stress test's query: the steps view's rows, steps and groups, the advantages view's.
 COUNTS = (
     "SELECT (SELECT count(*) FROM steps) AS n,"
+    " (SELECT count(DISTINCT traj_id || ':' || step) FROM steps) AS d,"
     " (SELECT list(DISTINCT group_id) FROM steps) AS ids,"
     " (SELECT count(*) FROM advantages) AS a"
 )
-
-
-def group_ids(url: str) -> set[str]:
-    """The group ids the SQL views show."""
-    return set(query_store(url, COUNTS).to_pylist()[0]["ids"] or [])
 
 
 def use_step_sources_of(commit: str) -> None:
@@ -112,11 +111,18 @@ def slow_reader_requests(seconds: float) -> None:
     pq.read_schema = slowly(pq.read_schema)
 
 
-def run(seconds: float) -> dict:
+def run(seconds: float, defer: bool = False) -> dict:
     url = tempfile.mkdtemp(prefix="starvation-") + "/store"
     store, committed = prepared(url)
     lock, stop = threading.Lock(), threading.Event()
-    counts = {"answers": 0, "failed": 0, "lost": 0, "compactions": 0, "longest_s": 0.0}
+    counts = {
+        "answers": 0,
+        "failed": 0,
+        "lost": 0,
+        "doubled": 0,
+        "compactions": 0,
+        "longest_s": 0.0,
+    }
     errors: list[str] = []
 
     def actor() -> None:
@@ -132,8 +138,9 @@ def run(seconds: float) -> dict:
         while not stop.is_set():
             inbox = store.list_shards()
             if len(inbox) > 1:
-                compact(store, inbox[:-1], None)
-                counts["compactions"] += 1
+                options = {"defer_removal": True} if defer else {}  # none: any commit's code
+                result = compact(store, inbox[:-1], None, **options)
+                counts["compactions"] += result.generation is not None
 
     def reader() -> None:
         _role.name = "reader"
@@ -142,13 +149,16 @@ def run(seconds: float) -> dict:
                 before = set(committed)
             started = time.monotonic()
             try:
-                seen = group_ids(url)
+                answer = query_store(url, COUNTS).to_pylist()[0]
+                seen = set(answer["ids"] or [])
             except Exception as exc:  # what a user would get: counted, first lines kept
                 counts["failed"] += 1
-                errors.append(f"after {time.monotonic() - started:.0f} s: {exc}"[:200])
+                text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+                errors.append(f"after {time.monotonic() - started:.0f} s: {text}"[:400])
                 continue
             counts["answers"] += 1
             counts["lost"] += bool(before - seen)
+            counts["doubled"] += answer["n"] != answer["d"]
             counts["longest_s"] = max(counts["longest_s"], round(time.monotonic() - started, 1))
 
     threads = [threading.Thread(target=f) for f in (actor, compactor, reader)]
@@ -166,13 +176,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--request-s", type=float, default=0.01)
     parser.add_argument("--before", help="run the reader's step_sources of this commit")
+    parser.add_argument(
+        "--defer",
+        action="store_true",
+        help="compact with defer_removal (what a generation superseded goes at the next commit)",
+    )
     args = parser.parse_args()
     if args.before:
         use_step_sources_of(args.before)
     slow_reader_requests(args.request_s)
-    result = run(args.seconds)
+    result = run(args.seconds, args.defer)
     errors = result.pop("errors")
-    print(f"{args.before or 'HEAD'} request {args.request_s} s: {result}")
+    mode = "deferred removal" if args.defer else "removal at once"
+    print(f"{args.before or 'HEAD'} request {args.request_s} s, {mode}: {result}")
     for line in errors:
         print(f"  failed {line}")
 
