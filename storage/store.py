@@ -373,10 +373,13 @@ class Store(Confined):
             return
         os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
         for folder, dirs, files in os.walk(path):
-            for name in dirs:
-                os.chmod(os.path.join(folder, name), 0o755)
-            for name in files:
-                os.chmod(os.path.join(folder, name), 0o644)
+            for names, mode in ((dirs, 0o755), (files, 0o644)):
+                for name in names:
+                    # Ranks of a sharded commit upload into one folder at once: another
+                    # rank's temporary file may be renamed between the walk and the chmod
+                    # (its final name is then visited by that rank's own walk).
+                    with contextlib.suppress(FileNotFoundError):
+                        os.chmod(os.path.join(folder, name), mode)
 
     def commit_bytes(self, path: str, data: bytes) -> None:
         """Make `data` visible at `path` atomically (see module docstring), retrying
