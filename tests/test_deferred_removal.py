@@ -70,13 +70,10 @@ def files_of(store: Store) -> list[str]:
     return files.paths(store) + [p for p in tables if store.exists(p)]
 
 
-def test_a_reader_pass_spanning_one_whole_compaction_finds_every_file(tmp_path, monkeypatch):
-    """The pass resolves the store, then a whole compaction runs (it merges the open segment
-    and moves two shards), then the pass reads its footers and lists the advantage tables:
-    one pass, nothing missing, each group and step once. Before (removal at once) the moved
-    shards and the merged segment were gone: the pass was thrown away and resolved again."""
-    store, groups, steps = prepared(str(tmp_path / "store"))
-    named = files_of(store)
+def query_with_a_compaction_inside(store: Store, monkeypatch, defer: bool):
+    """Run COUNTS with one whole compaction (all shards but the newest, merging the open
+    segment) between the reader's resolution and the rest of its pass; the reader's passes,
+    the compactions run, and the answer."""
     passes = {"n": 0, "compactions": 0}
     resolve, one_pass = src.step_files, src._sources_pass
 
@@ -84,7 +81,7 @@ def test_a_reader_pass_spanning_one_whole_compaction_finds_every_file(tmp_path, 
         files = resolve(*args, **kwargs)
         if passes["compactions"] == 0:
             passes["compactions"] += 1
-            result = compact(store, store.list_shards()[:-1], None, defer_removal=True)
+            result = compact(store, store.list_shards()[:-1], None, defer_removal=defer)
             assert result.shards == 2 and result.generation == 2, result
         return files
 
@@ -94,7 +91,17 @@ def test_a_reader_pass_spanning_one_whole_compaction_finds_every_file(tmp_path, 
 
     monkeypatch.setattr(src, "step_files", resolve_then_compact)
     monkeypatch.setattr(src, "_sources_pass", counted)
-    answer = query_store(str(store.root), COUNTS).to_pylist()[0]
+    return passes, query_store(str(store.root), COUNTS).to_pylist()[0]
+
+
+def test_a_reader_pass_spanning_one_whole_compaction_finds_every_file(tmp_path, monkeypatch):
+    """The pass resolves the store, then a whole compaction runs (it merges the open segment
+    and moves two shards), then the pass reads its footers and lists the advantage tables:
+    one pass, nothing missing, each group and step once. Before (removal at once) the moved
+    shards and the merged segment were gone: the pass was thrown away and resolved again."""
+    store, groups, steps = prepared(str(tmp_path / "store"))
+    named = files_of(store)
+    passes, answer = query_with_a_compaction_inside(store, monkeypatch, defer=True)
     assert passes == {"n": 1, "compactions": 1}, passes
     assert [p for p in named if not store.exists(p)] == []
     assert set(answer["ids"]) == groups and answer["n"] == answer["d"] == steps, answer
@@ -105,23 +112,7 @@ def test_removal_at_once_still_costs_a_second_pass(tmp_path, monkeypatch):
     """The contrast (and the default, `gagpo compact`'s): a compaction that removes at once
     takes files from under the pass; the reader notices and resolves again, exact."""
     store, groups, steps = prepared(str(tmp_path / "store"), defer=False)
-    passes = {"n": 0, "compactions": 0}
-    resolve, one_pass = src.step_files, src._sources_pass
-
-    def resolve_then_compact(*args, **kwargs):
-        files = resolve(*args, **kwargs)
-        if passes["compactions"] == 0:
-            passes["compactions"] += 1
-            compact(store, store.list_shards()[:-1], None)
-        return files
-
-    def counted(*args, **kwargs):
-        passes["n"] += 1
-        return one_pass(*args, **kwargs)
-
-    monkeypatch.setattr(src, "step_files", resolve_then_compact)
-    monkeypatch.setattr(src, "_sources_pass", counted)
-    answer = query_store(str(store.root), COUNTS).to_pylist()[0]
+    passes, answer = query_with_a_compaction_inside(store, monkeypatch, defer=False)
     assert passes["n"] == 2, passes
     assert set(answer["ids"]) == groups and answer["n"] == answer["d"] == steps == answer["a"]
 
