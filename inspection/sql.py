@@ -145,11 +145,7 @@ def open_store_db(
     limits = limits or Limits()
     if not (isinstance(gamma, int | float) and 0.0 <= gamma <= 1.0):
         raise GagpoError(f"gamma={gamma!r} is out of range; accepted: a number in [0, 1]")
-    store = store if isinstance(store, Store) else Store(store)
-    if not store.fs.exists(store.root):
-        raise GagpoError(f"store {store.url!r} does not exist; accepted: an existing store root")
-    if store.fs.isfile(store.root):
-        raise GagpoError(f"store {store.url!r} is a file; accepted: a store root folder or URL")
+    store = check_root(store)
     memory_limit = limits.memory()
     memory_bytes(memory_limit)  # a clear line for a bad size, before DuckDB sees it
     filesystem = src.arrow_filesystem(store)
@@ -445,6 +441,16 @@ def _explained(text: str) -> str:
     raise duckdb.PermissionException("EXPLAIN of this statement is not accepted")
 
 
+def check_root(store: Store | str) -> Store:
+    """The store, once its root is known to be an existing folder (one line otherwise)."""
+    store = store if isinstance(store, Store) else Store(store)
+    if not store.fs.exists(store.root):
+        raise GagpoError(f"store {store.url!r} does not exist; accepted: an existing store root")
+    if store.fs.isfile(store.root):
+        raise GagpoError(f"store {store.url!r} is a file; accepted: a store root folder or URL")
+    return store
+
+
 def query_store(
     store: Store | str,
     query: str,
@@ -458,6 +464,7 @@ def query_store(
     it stands, as every reader tries again (storage/resolving.py): a query never counts
     twice because a compaction committed, and fails only once compactions kept removing
     what it read for RESOLVE_DEADLINE_S and RESOLVE_ATTEMPTS runs."""
+    store = check_root(store)  # a missing store is the user's, not a compaction's: no retry
     for _ in (tries := Tries()):
         con = None
         try:
