@@ -40,11 +40,11 @@ from gagpo.schemas.errors import GagpoError
 from gagpo.schemas.policy import staleness
 from gagpo.storage.archive import (
     Segment,
-    file_groups,
     ledger_part_path,
     read_manifest,
     segment_path,
 )
+from gagpo.storage.segments import file_groups
 from gagpo.storage.store import ShardRef, Store
 
 # Until a learner has written its settings into the ledger: a backlog of at most 4 groups.

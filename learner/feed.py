@@ -33,7 +33,8 @@ from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, ValidationError
 from gagpo.schemas.policy import staleness
 from gagpo.schemas.validate import check_group_owners
-from gagpo.storage.archive import archived_ledger, is_segment, segment_refused, step_files
+from gagpo.storage.archive import archived_ledger, is_segment, step_files
+from gagpo.storage.segments import segment_refused
 from gagpo.storage.store import ShardRef, Store
 
 TRAINED, STALE = "trained", "stale"

@@ -216,7 +216,8 @@ def shard_task(
     import pyarrow.compute as pc
 
     from gagpo.pipeline.parallel import worker_store
-    from gagpo.storage.archive import is_segment, read_segment
+    from gagpo.storage.archive import is_segment
+    from gagpo.storage.segments import read_segment
 
     store = worker_store(url)
     try:

@@ -66,12 +66,9 @@ from gagpo.schemas.layout import (  # noqa: F401  (names importers take from her
     MOVED_SUFFIX,
     SEGMENTS,
 )
-from gagpo.storage.resolving import RESOLVE_ATTEMPTS, Tries  # noqa: F401  (importers)
-from gagpo.storage.segments import (  # noqa: F401  (names importers take from here)
+from gagpo.storage.resolving import Tries
+from gagpo.storage.segments import (
     checked_segment,
-    file_groups,
-    read_segment,
-    segment_refused,
 )
 from gagpo.storage.store import ShardRef, Store, parquet_table
 

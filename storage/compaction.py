@@ -43,7 +43,6 @@ from gagpo.schemas.validate import check_group_owners, group_size_of, validate_s
 from gagpo.storage.archive import (
     Manifest,
     Segment,
-    checked_segment,
     ledger_part_path,
     manifest_path,
     moved_by,
@@ -62,6 +61,7 @@ from gagpo.storage.removal import (
     prune_manifests,
     recover,
 )
+from gagpo.storage.segments import checked_segment
 from gagpo.storage.store import (
     PARQUET_COMPRESSION,
     ShardRef,

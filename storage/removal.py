@@ -27,7 +27,6 @@ from gagpo.storage.archive import (
     Segment,
     advantage_tags,
     cleared_path,
-    file_groups,
     ledger_part_path,
     manifest_folder,
     manifest_path,
@@ -37,6 +36,7 @@ from gagpo.storage.archive import (
     read_manifest,
     segment_path,
 )
+from gagpo.storage.segments import file_groups
 from gagpo.storage.store import ShardRef, Store
 
 
