@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 from typing import TYPE_CHECKING
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from gagpo.schemas.errors import GagpoError, describe, first_line, is_disk_full, is_transient
-from gagpo.schemas.signals import SIGINT_FROM_PARENT
+from gagpo.schemas.signals import SIGINT_FROM_PARENT, take_sigint_back
 
 if TYPE_CHECKING:  # pydantic is imported by the commands that load a config model
     from pydantic import BaseModel
@@ -77,9 +76,12 @@ def ray_option(help: str):
 
 def run_cli(command: click.Command, prog_name: str) -> None:
     """Run a click command: user errors become one line on stderr and exit code 2."""
-    if os.environ.get(SIGINT_FROM_PARENT) and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        if (
+            os.environ.get(SIGINT_FROM_PARENT)
+            and threading.current_thread() is threading.main_thread()
+        ):
+            take_sigint_back()  # a Ctrl-C held while we started is raised here: "interrupted"
         command.main(prog_name=prog_name, standalone_mode=False)
     except GagpoError as exc:
         click.echo(f"{prog_name}: error: {exc}", err=True)

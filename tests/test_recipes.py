@@ -328,8 +328,10 @@ def test_sigint_stops_every_process_and_tears_nothing(tmp_path: Path):
 def test_ctrl_c_while_the_processes_start_is_no_traceback(tmp_path: Path):
     """A terminal's Ctrl-C is SIGINT to the whole process group: right after `gagpo run`
     started its actors and learner, while they still import their modules. They start
-    with SIGINT ignored and take it back once running, so the run stops as documented
-    (exit 130, 'interrupted'), no process prints a traceback and none is left."""
+    with SIGINT held and take it back once running, so the run stops as documented
+    (exit 130, 'interrupted'), no process prints a traceback and none is left. The held
+    Ctrl-C is not lost: the learner stops before its first update, not after the run's
+    stop timeout (an ignored one left it training for stop_timeout_s = 60 s)."""
     recipe = tmp_path / "r.toml"
     recipe.write_text(SLOW_RECIPE)
     proc = subprocess.Popen(
@@ -352,6 +354,8 @@ def test_ctrl_c_while_the_processes_start_is_no_traceback(tmp_path: Path):
     assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     assert len(pids) == 3 and not [pid for pid in pids if alive(pid)]
+    assert "[learner] update " not in out, out[-3000:]
+    assert "[learner] gagpo-learner: interrupted" in out, out[-3000:]
 
 
 def test_run_prints_its_summary_when_the_learner_stops_early(tmp_path: Path, monkeypatch):

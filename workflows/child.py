@@ -13,8 +13,9 @@ One primitive for the two places that start the plan's command lines: the local 
   seconds have passed; `stop_all` does so to several at once, against one deadline.
 
 Ctrl-C (schemas/signals.py): a terminal's SIGINT reaches every process of the group, so a
-child of ours started from the terminal starts with SIGINT ignored and takes it back once its
-command runs (SIGINT_FROM_PARENT); the parent stops the children in order. A child on a Ray
+child of ours started from the terminal starts with SIGINT held and takes it back once its
+command runs (SIGINT_FROM_PARENT), so a Ctrl-C during its imports stops it then; the parent
+stops the children in order. A child on a Ray
 host is in no terminal's group: it instead dies with its host (`dies_with_parent`).
 """
 
@@ -28,7 +29,7 @@ import subprocess
 import threading
 import time
 
-from gagpo.schemas.signals import SIGINT_FROM_PARENT, sigint_ignored
+from gagpo.schemas.signals import SIGINT_FROM_PARENT, sigint_held
 
 PR_SET_PDEATHSIG = 1
 RELAY_JOIN_S = 5.0  # how long the last lines of an ended child may take to reach `echo`
@@ -76,18 +77,22 @@ class Child:
         whose child must end with it (`die_with_parent`); else the terminal's Ctrl-C rules."""
         from_terminal = not dies_with_parent and is_ours(command)
         extra = {"PYTHONUNBUFFERED": "1", **({SIGINT_FROM_PARENT: "1"} if from_terminal else {})}
-        with sigint_ignored(from_terminal):  # ours take SIGINT back once running
-            self.proc = subprocess.Popen(
-                command,
-                env={**os.environ, **env, **extra},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                bufsize=1,
-                errors="replace",
-                cwd=cwd,
-                preexec_fn=die_with_parent if dies_with_parent else None,
-            )
+        try:
+            with sigint_held(from_terminal):  # ours take SIGINT back once running
+                self.proc = subprocess.Popen(
+                    command,
+                    env={**os.environ, **env, **extra},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    bufsize=1,
+                    errors="replace",
+                    cwd=cwd,
+                    preexec_fn=die_with_parent if dies_with_parent else None,
+                )
+        except KeyboardInterrupt:  # a Ctrl-C to us alone, held while it started: pass it on
+            self.proc.send_signal(signal.SIGINT)  # held there too: it stops once running
+            raise
         self.last_line = ""
         self._prefix = f"[{label}] " if label else ""
         self._echo = echo
