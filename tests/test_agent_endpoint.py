@@ -473,6 +473,8 @@ def test_gagpo_run_trains_an_openai_agent(tmp_path: Path):
             f"actors.env={MAZE}",
             "--set",  # the maze agent's tools, on tiny's template (it renders none): the Hermes block
             'actors.env_options.tool_prompt="hermes"',
+            "--set",  # the maze names no max_tokens: the model's context otherwise (4× the time)
+            "actors.sampling.max_reply_tokens=16",
         ],
         capture_output=True,
         text=True,
