@@ -32,10 +32,12 @@ sharded.py, as sharded publication does).
 from __future__ import annotations
 
 import copy
+import errno
 import functools
 import json
 import os
 import random
+import shutil
 import tempfile
 import time
 import uuid
@@ -202,6 +204,25 @@ def _cpu_copy(value):
     return value
 
 
+# Free bytes under which a failed torch.save is taken for a full disk (the partial file it
+# left still holds the space when we look).
+FULL_DISK_FREE_BYTES = 1 << 20
+
+
+def save_torch(obj, path: Path) -> None:
+    """torch.save, whose zip writer reports a full disk as a bare RuntimeError ("unexpected
+    pos …", "file write failed") with no errno: when the disk has under
+    FULL_DISK_FREE_BYTES free after it, that becomes ENOSPC naming the file, which the CLIs
+    report as any full disk (one line, exit 2)."""
+    try:
+        with open(path, "wb") as file:  # closed on an error too: torch's own handle leaks
+            torch.save(obj, file)
+    except RuntimeError as exc:
+        if shutil.disk_usage(path.parent).free >= FULL_DISK_FREE_BYTES:
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
+
+
 def write_state(store: Store, snapshot: StateSnapshot) -> int:
     """Write `snapshot` to learner/checkpoints/v<N>/, `.complete` last; return its bytes
     (sharded: this rank's file, and on rank 0 the whole state's)."""
@@ -211,7 +232,7 @@ def write_state(store: Store, snapshot: StateSnapshot) -> int:
         folder = Path(tmp)
         if snapshot.trained is not None:
             save_file(snapshot.trained, str(folder / STATE_TRAINABLE))
-        torch.save(snapshot.trainer, folder / STATE_TRAINER)
+        save_torch(snapshot.trainer, folder / STATE_TRAINER)
         pq.write_table(snapshot.ledger, folder / STATE_LEDGER)
         (folder / STATE_RECORD).write_text(json.dumps(snapshot.record))
         written = folder_bytes(folder)
@@ -227,9 +248,9 @@ def _write_sharded_state(store: Store, snapshot: StateSnapshot) -> int:
     shard, remote = snapshot.shard, checkpoint_dir(store, snapshot.version)
     with tempfile.TemporaryDirectory(prefix="gagpo-state-") as tmp:
         folder = Path(tmp)
-        torch.save(shard.state, folder / optimizer_shard_name(shard.rank, shard.world))
+        save_torch(shard.state, folder / optimizer_shard_name(shard.rank, shard.world))
         if shard.rank == 0:
-            torch.save(snapshot.trainer, folder / STATE_TRAINER)
+            save_torch(snapshot.trainer, folder / STATE_TRAINER)
             pq.write_table(snapshot.ledger, folder / STATE_LEDGER)
             (folder / STATE_RECORD).write_text(json.dumps(snapshot.record))
         files = {

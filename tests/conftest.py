@@ -1,8 +1,12 @@
-"""Shared fixtures. TextWorld and friends write to $HOME and /tmp: point both at scratch."""
+"""Shared fixtures. TextWorld and friends write to $HOME and /tmp: point both at scratch,
+removed when the session ends (a full run leaves 3 GB there; GAGPO_KEEP_TEST_SCRATCH=1
+keeps it for a look)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -11,6 +15,8 @@ import pytest
 from tests.helpers.s3 import CREDENTIALS, Emulator, start_s3
 
 _SCRATCH = Path(tempfile.mkdtemp(prefix="gagpo-tests-"))
+if not os.environ.get("GAGPO_KEEP_TEST_SCRATCH"):
+    atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
 (_SCRATCH / "home").mkdir(exist_ok=True)
 (_SCRATCH / "tmp").mkdir(exist_ok=True)
 os.environ["HOME"] = str(_SCRATCH / "home")

@@ -170,3 +170,28 @@ def test_simulated_quota_is_reported_the_same_way(tmp_path, monkeypatch):
         store.policies.set_latest(5)
     monkeypatch.undo()
     assert store.policies.latest() == 4 and hidden(tmp_path) == []
+
+
+def test_a_training_state_on_a_full_disk_is_enospc_and_commits_nothing(
+    small_disk, store_dir, monkeypatch
+):
+    """torch.save's zip writer reports a full disk as a bare RuntimeError ("unexpected
+    pos"), which reached the user as a traceback: the state's writer makes it ENOSPC naming
+    the file (one line at the CLI, as any full disk), and the store gets no state folder."""
+    import tempfile
+
+    import pyarrow as pa
+    import torch
+
+    from gagpo.learner.state import StateSnapshot, checkpoint_dir, write_state
+    from gagpo.schemas.errors import is_disk_full
+
+    monkeypatch.setattr(tempfile, "tempdir", str(small_disk))  # where the state is staged
+    store = Store(str(store_dir))
+    moments = {"exp_avg": torch.zeros(2_000_000)}  # 8 MB into 3 MiB
+    snapshot = StateSnapshot(1, moments, None, pa.table({"group_id": ["g"]}), {"update": 1})
+    with pytest.raises(OSError) as raised:
+        write_state(store, snapshot)
+    assert is_disk_full(raised.value) and "trainer.pt" in str(raised.value), raised.value
+    assert not store.exists(checkpoint_dir(store, 1))
+    assert os.listdir(small_disk) == []  # the staging folder went with the error
