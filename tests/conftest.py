@@ -28,6 +28,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GAGPO_CACHE", str(Path.home() / ".cache" / "gagpo"))
 
 
+# Tests that must not run beside one another when the suite runs in several processes
+# (`make test`: pytest -n 2 --dist loadgroup): each group runs in one process, in turn.
+# llm: SmolLM2 runs in several processes at once (5-8 GB each); ray: a local Ray instance
+# each, with its own object store in /dev/shm.
+ONE_AT_A_TIME = {
+    "llm": ("test_llm_demo.py", "test_gpu_learn.py", "test_policies.py"),
+    "ray": ("test_ray_run.py", "test_ray_nodes.py", "test_recompute_parallel.py"),
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for group, files in ONE_AT_A_TIME.items():
+            if item.path.name in files:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
     """An empty local store root."""
