@@ -13,6 +13,7 @@ import math
 from gagpo.schemas.errors import GagpoError
 
 DEFAULT_TIMEOUT_S = 300.0  # --timeout: seconds a query may run
+VIEW_TIMEOUT_S = 60.0  # gagpo view: seconds a page's query (or its SQL box's) may run
 # --gamma: the views' discount, the advantage stage's default (docs/design.md §4); used
 # only where no advantages exist.
 DEFAULT_GAMMA = 0.95

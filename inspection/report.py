@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from gagpo.inspection.arguments import DEFAULT_GAMMA
 from gagpo.inspection.report_analyses import (
     plot_early_learning,
     plot_interaction_efficiency,
@@ -57,7 +58,7 @@ from gagpo.inspection.report_figures import (
     plot_value_proxy,
 )
 from gagpo.inspection.report_summary import summary
-from gagpo.inspection.sql import DEFAULT_GAMMA, Limits, close_store_db, open_store_db, time_limit
+from gagpo.inspection.sql import Limits, close_store_db, open_store_db, time_limit
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage.store import Store
 

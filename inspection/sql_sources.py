@@ -32,10 +32,8 @@ from gagpo.storage.archive import (
     step_files,
 )
 from gagpo.storage.registry import LOADS_SCHEMA, check_loads
-from gagpo.storage.resolving import (  # noqa: F401  (RESOLVE_ATTEMPTS: importers take it here)
-    RESOLVE_ATTEMPTS,
+from gagpo.storage.resolving import (
     RESOLVE_DEADLINE_S,
-    RESOLVE_PAUSE_S,
     Tries,
 )
 from gagpo.storage.store import Store

@@ -18,7 +18,9 @@ from gagpo.inspection import sql_sources as src
 from gagpo.inspection.sql import query_store
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
+from gagpo.storage import resolving
 from gagpo.storage.compaction import compact
+from gagpo.storage.resolving import RESOLVE_ATTEMPTS
 from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 
@@ -87,9 +89,9 @@ def test_a_reader_that_never_gets_a_quiet_pass_stops_in_one_line(tmp_path, monke
         return schema
 
     monkeypatch.setattr(src.pq, "read_schema", footer_then_compact)
-    monkeypatch.setattr(src, "RESOLVE_PAUSE_S", 0.0)
+    monkeypatch.setattr(resolving, "RESOLVE_PAUSE_S", 0.0)  # Tries reads it there
     with pytest.raises(GagpoError) as stopped:
         src.step_sources(store, src.arrow_filesystem(store), deadline_s=0.0)
     text = str(stopped.value)
     assert "\n" not in text and "compactions kept removing files" in text, text
-    assert f"({src.RESOLVE_ATTEMPTS} attempts in" in text, text
+    assert f"({RESOLVE_ATTEMPTS} attempts in" in text, text

@@ -34,6 +34,7 @@ from gagpo.actors.prefetch import Prefetcher
 from gagpo.inspection.sql import close_store_db, open_store_db, run_query
 from gagpo.learner import checkpoint as CK
 from gagpo.learner import publish as P
+from gagpo.learner import state as ST
 from gagpo.learner.config import LearnerConfig
 from gagpo.learner.model import load_model
 from gagpo.learner.train import train
@@ -302,7 +303,7 @@ def trained(tmp_path_factory):
     store.policies.publish_base(str(tiny_model_dir()))
     store.policies.set_latest(0)
     train(in_process(root, updates=3))
-    assert store.policies.latest() == 3 and store.exists(CK.checkpoint_dir(store, 3))
+    assert store.policies.latest() == 3 and store.exists(ST.checkpoint_dir(store, 3))
     return root
 
 
@@ -367,7 +368,7 @@ def test_resume_on_a_torn_or_hostile_state_is_one_line(trained, tmp_path, case):
     store = Store(str(root))
     name, tamper, why = TORN[case]
     special = {"lineage": layout.lineage(store.root, 3), "ledger": layout.ledger(store.root)}
-    path = Path(special.get(name) or layout.join(CK.checkpoint_dir(store, 3), name))
+    path = Path(special.get(name) or layout.join(ST.checkpoint_dir(store, 3), name))
     tamper(path)
     with pytest.raises(GagpoError) as err:
         train(in_process(root, updates=4, resume=True))
@@ -379,7 +380,7 @@ def test_resume_on_a_torn_or_hostile_state_is_one_line(trained, tmp_path, case):
 def test_resume_cli_on_an_empty_trainer_pt_says_one_line_and_exits_2(trained, tmp_path):
     root = tmp_path / "store"
     shutil.copytree(trained, root)
-    Path(CK.checkpoint_dir(Store(str(root)), 3), layout.STATE_TRAINER).write_bytes(b"")
+    Path(ST.checkpoint_dir(Store(str(root)), 3), layout.STATE_TRAINER).write_bytes(b"")
     from tests.helpers.learner import run_learner, tiny_learner_args
 
     done = run_learner(*tiny_learner_args(root, "--resume", updates=4, batch_groups=2))
@@ -393,7 +394,7 @@ def test_resume_cli_on_an_empty_trainer_pt_says_one_line_and_exits_2(trained, tm
 def test_a_symlinked_state_is_never_read(trained, tmp_path, linked):
     root = tmp_path / "store"
     shutil.copytree(trained, root)
-    state = Path(CK.checkpoint_dir(Store(str(root)), 3))
+    state = Path(ST.checkpoint_dir(Store(str(root)), 3))
     outside = tmp_path / "outside"
     if linked == "trainer.pt":
         outside.mkdir()
@@ -413,19 +414,19 @@ def test_each_rank_fetches_only_its_own_optimizer_shard(tmp_path, monkeypatch):
     record, trainer.pt and its own shard. Before: every rank downloaded the whole folder,
     every rank's shard included."""
     store = Store(f"memory://round6-{tmp_path.name}")
-    remote = CK.checkpoint_dir(store, 4)
+    remote = ST.checkpoint_dir(store, 4)
     record = {"version": 4, "parent": 3, "update": 4, "id": "abc", "parent_id": "x"}
     trainer = {
         "optimizer": {"param_groups": [{"params": ["w"], "lr": 1.0}], "shards": 2},
         "scheduler": {"last_epoch": 4},
-        "rng": CK.set_rng_state.__globals__["rng_state"](),
+        "rng": ST.rng_state(),
     }
     local = tmp_path / "files"
     local.mkdir()
     torch.save(trainer, local / layout.STATE_TRAINER)
     for rank in range(2):
         shard = {"state": {"w": {"step": torch.tensor(4.0)}}, "param_groups": [], "rank": rank}
-        torch.save(shard, local / CK.optimizer_shard_name(rank, 2))
+        torch.save(shard, local / ST.optimizer_shard_name(rank, 2))
     (local / layout.STATE_RECORD).write_text(json.dumps(record))
     for path in local.iterdir():
         store.fs.put_file(str(path), f"{remote}/{path.name}")
@@ -439,11 +440,11 @@ def test_each_rank_fetches_only_its_own_optimizer_shard(tmp_path, monkeypatch):
 
     monkeypatch.setattr(store.fs, "get_file", get_file)
     monkeypatch.setattr(CK, "rank_and_world", lambda: (1, 2))
-    head = CK.Head(4, 4, "abc")
+    head = ST.Head(4, 4, "abc")
     _, _, got = CK._read_state(store, 4, head, str(tmp_path / "cache"))
     assert got["optimizer"]["rank"] == 1 and got["optimizer"]["local"] is True
     assert sorted(fetched) == sorted(
-        [layout.STATE_RECORD, layout.STATE_TRAINER, CK.optimizer_shard_name(1, 2)]
+        [layout.STATE_RECORD, layout.STATE_TRAINER, ST.optimizer_shard_name(1, 2)]
     )
 
 

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from gagpo.inspection.arguments import VIEW_TIMEOUT_S
 from gagpo.inspection.sql import Limits
 from gagpo.inspection.view import data, pools
 from gagpo.inspection.view.access import Guard, check_bind, is_loopback
@@ -89,7 +90,7 @@ def create_app(
     check_bind(host, token)
     if not stores:
         raise GagpoError("no store given; accepted: --store PATH (repeatable)")
-    site = _Site(stores, load_assets(), sql_limits or Limits(timeout_s=60.0), oracle)
+    site = _Site(stores, load_assets(), sql_limits or Limits(timeout_s=VIEW_TIMEOUT_S), oracle)
     routes = _page_routes(site) + _data_routes(site) + _sql_routes(site)
     handlers = {HTTPException: _http_error, GagpoError: _user_error, Exception: _server_error}
     app = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]

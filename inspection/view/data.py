@@ -38,9 +38,9 @@ from typing import Any, Protocol
 import polars as pl
 import pyarrow as pa
 
+from gagpo.inspection.arguments import DEFAULT_GAMMA, VIEW_TIMEOUT_S
 from gagpo.inspection.intervals import wilson
 from gagpo.inspection.sql import (
-    DEFAULT_GAMMA,
     Limits,
     close_store_db,
     open_store_db,
@@ -84,7 +84,7 @@ class StoreSession:
 
     label: str
     url: str
-    limits: Limits = field(default_factory=lambda: Limits(timeout_s=60.0))
+    limits: Limits = field(default_factory=lambda: Limits(timeout_s=VIEW_TIMEOUT_S))
     gamma: float = DEFAULT_GAMMA
     _con: Any = None
     _opened: float = 0.0
