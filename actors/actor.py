@@ -34,8 +34,9 @@ from gagpo.envs import make_env
 from gagpo.schemas import columns as C
 from gagpo.schemas.cache import policy_cache_dir
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.layout import new_id
 from gagpo.schemas.seeds import derive_seed
-from gagpo.storage.store import ShardRef, Store, new_id
+from gagpo.storage.store import ShardRef, Store
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ def measure(url: str, repeat: int) -> tuple[dict[str, scale.Cell], dict]:
     server reopens it 15 s after the last open to see new files: not counted here, but the
     first query is, as `open`)."""
     from gagpo.inspection.sql import Limits
-    from gagpo.inspection.view import data
+    from gagpo.inspection.view import data, pools
     from gagpo.workflows.view import EnvironmentOracle
 
     data.REFRESH_S = float("inf")  # one connection for the whole measurement
@@ -154,7 +154,7 @@ def measure(url: str, repeat: int) -> tuple[dict[str, scale.Cell], dict]:
         "group_stored": lambda: data.group_view(session, group, f"stored:{tag}", {}),
         "group_gagpo": lambda: data.group_view(session, group, "gagpo", {}),
         "compare": lambda: data.compare_view(session, group, compare, oracle=oracle),
-        "pools": lambda: data.pools_view(session),
+        "pools": lambda: pools.pools_view(session),
         "sql_count": lambda: session.fresh_query("SELECT count(*) FROM steps", limits),
     }
     for name, call in calls.items():

@@ -34,7 +34,8 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from gagpo.schemas import columns as C
-    from gagpo.storage.store import Store, new_id
+    from gagpo.schemas.layout import new_id
+    from gagpo.storage.store import Store
 
     shard = pq.read_table(sorted(glob.glob(args.shards))[0])
     group = shard.replace_schema_metadata(None)

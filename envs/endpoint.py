@@ -45,10 +45,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from gagpo.envs.endpoint_input import (  # the bounds and events, re-exported
+from gagpo.envs.endpoint_input import (
     MAX_CHAT_BYTES,
     MAX_CONTROL_BYTES,
-    MAX_JSON_DEPTH,  # noqa: F401
     Ended,
     Failed,
     read_body,

@@ -246,7 +246,8 @@ def _check_store_holds_data(url: str) -> None:
     """A report of a folder that does not exist, or holds none of a store's folders, would
     be empty figures: one line instead."""
     from gagpo.schemas import layout
-    from gagpo.storage.store import LEARNER, POLICY, SHARDS, Store
+    from gagpo.schemas.layout import LEARNER, POLICY, SHARDS
+    from gagpo.storage.store import Store
 
     check_store_root(url)
     store = Store(url)

@@ -46,7 +46,7 @@ from gagpo.learner.dist import (
 )
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import acquire
-from gagpo.learner.publish import is_complete, remove_folder
+from gagpo.learner.publish import remove_folder
 from gagpo.learner.state import (
     Head,
     _trains_everything,
@@ -60,6 +60,7 @@ from gagpo.learner.state import (
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, first_line
 from gagpo.schemas.layout import STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
+from gagpo.storage.folders import is_complete
 from gagpo.storage.registry import confine_own
 from gagpo.storage.store import Store
 

@@ -44,15 +44,9 @@ from gagpo.storage import folders
 from gagpo.storage.background import Background
 from gagpo.storage.delta import DeltaPublisher
 from gagpo.storage.faults import set_thread_ordinal
-from gagpo.storage.folders import (  # noqa: F401  (the folder protocol's names, as before)
-    RANK_WAIT_S,
-    await_ranks,
-    commit_marker,
+from gagpo.storage.folders import (
     folder_bytes,
-    is_complete,
-    rank_done,
     remove_folder,
-    upload_files,
 )
 from gagpo.storage.store import Store
 

@@ -52,16 +52,10 @@ from safetensors.torch import save_file
 from gagpo.learner.dist import is_sharded, local_optimizer_state, rank_and_world
 from gagpo.learner.feed import Ledger
 from gagpo.learner.lease import check_lease
-from gagpo.learner.publish import (
-    Writer,
-    commit_shard,
-    folder_bytes,
-    is_complete,
-    put_folder,
-    remove_folder,
-)
+from gagpo.learner.publish import Writer, commit_shard, folder_bytes, put_folder, remove_folder
 from gagpo.schemas import layout
 from gagpo.schemas.layout import STATE_LEDGER, STATE_RECORD, STATE_TRAINABLE, STATE_TRAINER
+from gagpo.storage.folders import is_complete
 from gagpo.storage.store import Store
 
 

@@ -58,14 +58,6 @@ import pyarrow.compute as pc
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, first_line
-from gagpo.schemas.layout import (  # noqa: F401  (names importers take from here)
-    ARCHIVE,
-    CLEARED_SUFFIX,
-    LEDGER_PARTS,
-    MANIFESTS,
-    MOVED_SUFFIX,
-    SEGMENTS,
-)
 from gagpo.storage.resolving import Tries
 from gagpo.storage.segments import (
     checked_segment,

@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError, ValidationError
+from gagpo.schemas.layout import new_id
 from gagpo.schemas.validate import check_group_owners, group_size_of, validate_steps
 from gagpo.storage.archive import (
     Manifest,
@@ -62,13 +63,7 @@ from gagpo.storage.removal import (
     recover,
 )
 from gagpo.storage.segments import checked_segment
-from gagpo.storage.store import (
-    PARQUET_COMPRESSION,
-    ShardRef,
-    Store,
-    new_id,
-    parquet_table,
-)
+from gagpo.storage.store import PARQUET_COMPRESSION, ShardRef, Store, parquet_table
 
 SEGMENT_MIB = 64  # a segment grows to about this many MiB of shards (memory: ~15x that, once)
 ROW_GROUP_ROWS = 16_384  # rows per Parquet row group: pushdown by group_id skips the rest

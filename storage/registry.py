@@ -38,7 +38,7 @@ from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, is_disk_full
 from gagpo.storage import delta
 from gagpo.storage.files import TEMP_PREFIX
-from gagpo.storage.policy_cache import VersionCache, _safe_name  # noqa: F401  (tests name the cache folder)
+from gagpo.storage.policy_cache import VersionCache
 
 
 class PolicyRegistry:

@@ -48,22 +48,9 @@ from gagpo.schemas.errors import (
     is_disk_full,
     is_missing_bucket,
 )
-from gagpo.schemas.layout import (  # noqa: F401  (names some modules still import from here)
-    ADVANTAGES,
-    COMPLETE,
-    EVAL,
-    HELDOUT,
-    LATEST,
-    LEARNER,
-    LEDGER,
-    POLICY,
-    QUARANTINE,
-    SHARDS,
-    new_id,
-)
 from gagpo.schemas.validate import validate_steps
 from gagpo.storage.backend import escaped, fsync_dir, glob_below, mtime, open_fs, write_synced
-from gagpo.storage.confine import LINKED_FOLDER, Confined, OutsideStoreError  # noqa: F401
+from gagpo.storage.confine import LINKED_FOLDER, Confined
 from gagpo.storage.faults import fault_point
 from gagpo.storage.files import TEMP_PREFIX as _TEMP_PREFIX  # one temporary name
 from gagpo.storage.files import temporary_beside as _temporary_beside

@@ -74,7 +74,7 @@ def test_an_actor_records_each_version_it_loads_and_sql_reads_them(tmp_path: Pat
     assert row["loaded_at"] is not None
     # what the actor loaded is v1 whole, bit for bit, though the store holds a delta
     from gagpo.schemas.cache import policy_cache_dir
-    from gagpo.storage.registry import _safe_name
+    from gagpo.storage.policy_cache import _safe_name
 
     cached = policy_cache_dir() / _safe_name(store.url) / "v1"
     for reference in published["v1"].glob("*.safetensors"):

@@ -13,7 +13,8 @@ import pytest
 
 from gagpo.actors.prefetch import Prefetcher
 from gagpo.schemas.cache import policy_cache_dir
-from gagpo.storage.registry import PolicyRegistry, _safe_name
+from gagpo.storage.policy_cache import _safe_name
+from gagpo.storage.registry import PolicyRegistry
 from gagpo.storage.store import Store
 from tests.helpers.actors import actor_config
 from tests.helpers.versions import perturbed_copy

@@ -22,11 +22,8 @@ from gagpo.learner.compact import compact_store, consumed_shards
 from gagpo.learner.config import CompactionSettings
 from gagpo.learner.feed import Ledger
 from gagpo.schemas import columns as C
+from gagpo.schemas.layout import ADVANTAGES, ARCHIVE, LEDGER_PARTS, MANIFESTS, SEGMENTS
 from gagpo.storage.archive import (
-    ARCHIVE,
-    LEDGER_PARTS,
-    MANIFESTS,
-    SEGMENTS,
     archived_ledger,
     cleared_path,
     ledger_part_path,
@@ -44,7 +41,7 @@ from gagpo.storage.archive import (
     tail_ledger_path,
 )
 from gagpo.storage.compaction import SORT_KEYS, compact
-from gagpo.storage.store import ADVANTAGES, ShardRef, Store
+from gagpo.storage.store import ShardRef, Store
 from tests.helpers.steps import make_steps
 
 FULL_KEYS = [(C.GROUP_ID, "ascending"), (C.TRAJ_ID, "ascending"), (C.STEP, "ascending")]

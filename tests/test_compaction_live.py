@@ -134,7 +134,7 @@ def test_a_learner_killed_while_it_compacts_resumes_on_one_lineage(
     """SIGKILL the learner while its background compaction is at `phase` (its second
     compaction), then --resume: one lineage, every group trained once, and the next
     compaction finishes what the killed one left (nothing unnamed left in the archive)."""
-    from gagpo.storage.archive import ARCHIVE, LEDGER_PARTS, SEGMENTS
+    from gagpo.schemas.layout import ARCHIVE, LEDGER_PARTS, SEGMENTS
     from tests.helpers.learner import run_learner, tiny_model_dir, write_shards
     from tests.helpers.lineage import UPDATES, B, assert_one_lineage, kill_at, lineage_args
 

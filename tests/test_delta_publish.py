@@ -17,6 +17,7 @@ from gagpo.learner.model import load_model
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError
 from gagpo.storage import delta as D
+from gagpo.storage.folders import is_complete
 from gagpo.storage.store import Store
 from tests.helpers.learner import tiny_model_dir
 
@@ -215,7 +216,7 @@ def test_closing_the_publisher_publishes_the_last_version_and_drops_the_held_bas
     publisher.publish(P.VersionCopy(1, 1, weights, None, torch.bfloat16))
     (held,) = scratch.glob("gagpo-delta-*")
     publisher.close()
-    assert store.policies.latest() == 1 and P.is_complete(store, store.policies.dir(1))
+    assert store.policies.latest() == 1 and is_complete(store, store.policies.dir(1))
     assert not held.exists() and publisher.take_bytes() > 0
     with pytest.raises(RuntimeError, match="closed"):
         publisher.publish(P.VersionCopy(2, 2, weights, None, torch.bfloat16))

@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 
 from gagpo.actors.config import ActorConfig
 from gagpo.schemas import columns as C
-from gagpo.storage.store import COMPLETE, Store
+from gagpo.schemas.layout import COMPLETE
+from gagpo.storage.store import Store
 from gagpo.workflows import evaluate
 from tests.helpers.steps import make_steps
 

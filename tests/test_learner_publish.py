@@ -9,6 +9,7 @@ import torch
 
 from gagpo.learner import publish as P
 from gagpo.learner.model import add_lora, load_model
+from gagpo.storage.folders import is_complete
 from gagpo.storage.store import Store
 from tests.helpers.learner import parameters, tiny_model_dir
 from tests.helpers.publication import publish
@@ -26,7 +27,7 @@ def test_published_version_loads_with_transformers(store_dir: Path, model):
 
     store = Store(str(store_dir))
     folder = publish(store, model, tiny_model_dir(), 1, keep=3)
-    assert store.policies.latest() == 1 and P.is_complete(store, folder)
+    assert store.policies.latest() == 1 and is_complete(store, folder)
     loaded = AutoModelForCausalLM.from_pretrained(
         folder, local_files_only=True, use_safetensors=True
     )
@@ -51,10 +52,10 @@ def test_latest_moves_only_after_the_marker(store_dir: Path, model, monkeypatch)
         publish(store, model, tiny_model_dir(), 2, keep=3)
     assert store.policies.latest() == 1
     v2 = store.policies.dir(2)
-    assert store.fs.exists(v2) and not P.is_complete(store, v2)
+    assert store.fs.exists(v2) and not is_complete(store, v2)
     monkeypatch.setattr(P, "fault_point", lambda phase: None)
     publish(store, model, tiny_model_dir(), 2, keep=3)  # the torn attempt is replaced
-    assert store.policies.latest() == 2 and P.is_complete(store, store.policies.dir(2))
+    assert store.policies.latest() == 2 and is_complete(store, store.policies.dir(2))
 
 
 def test_only_the_last_k_versions_are_kept(store_dir: Path, model):
@@ -133,13 +134,13 @@ def test_a_publisher_writes_in_a_thread_one_version_at_a_time(store_dir: Path, m
     with torch.no_grad():  # the next update changes the weights in place meanwhile
         for p in model.parameters():
             p.add_(1.0)
-    assert store.policies.latest() == 0 and not P.is_complete(store, store.policies.dir(1))
+    assert store.policies.latest() == 0 and not is_complete(store, store.policies.dir(1))
     second = P.VersionCopy(2, 2, P.take_weights(model), {"version": 2}, None)
     handed = threading.Thread(target=publisher.publish, args=(second,))
     handed.start()
     handed.join(timeout=0.5)
     assert handed.is_alive()  # at most one version in flight: v2 waits for v1
-    assert not P.is_complete(store, store.policies.dir(2))
+    assert not is_complete(store, store.policies.dir(2))
     release[1].set()
     handed.join(timeout=60)
     assert store.policies.latest() == 1
@@ -160,7 +161,7 @@ def test_a_publisher_writes_in_a_thread_one_version_at_a_time(store_dir: Path, m
     publisher.publish(P.VersionCopy(3, 3, P.take_weights(model), {"version": 3}, None))
     with pytest.raises(RuntimeError, match="killed mid-write"):
         publisher.wait()
-    assert store.policies.latest() == 2 and not P.is_complete(store, store.policies.dir(3))
+    assert store.policies.latest() == 2 and not is_complete(store, store.policies.dir(3))
 
 
 def load_file_tensors(folder: str) -> dict[str, torch.Tensor]:

@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 import pytest
 
 from gagpo.schemas import columns as C
-from gagpo.storage.store import EVAL, HELDOUT, Store
+from gagpo.schemas.layout import EVAL, HELDOUT
+from gagpo.storage.store import Store
 from tests.helpers.actors import small_sokoban
 from tests.helpers.steps import make_steps
 

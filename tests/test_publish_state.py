@@ -33,6 +33,7 @@ from gagpo.learner.state import (
 )
 from gagpo.learner.train import lr_factor, make_optimizer, train
 from gagpo.schemas.layout import COMPLETE, LINEAGE, STATE_TRAINER
+from gagpo.storage.folders import is_complete
 from gagpo.storage.store import Store
 from tests.helpers.learner import parameters, tiny_config, tiny_model_dir, write_shards
 from tests.helpers.publication import publish
@@ -229,7 +230,7 @@ def test_versions_are_written_by_a_thread_and_latest_names_only_complete_ones(
         while not done.is_set():
             latest = store.policies.latest()
             if latest:
-                seen.append((latest, P.is_complete(store, store.policies.dir(latest))))
+                seen.append((latest, is_complete(store, store.policies.dir(latest))))
             time.sleep(0.002)
 
     watcher = threading.Thread(target=watch)

@@ -21,13 +21,13 @@ import pytest
 from gagpo.envs.endpoint import (
     MAX_CHAT_BYTES,
     MAX_CONTROL_BYTES,
-    MAX_JSON_DEPTH,
     TOKEN_VARIABLE,
     Ended,
     Failed,
     _given_token,
     shared_endpoint,
 )
+from gagpo.envs.endpoint_input import MAX_JSON_DEPTH
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
 from tests.helpers.actors import ACTORS

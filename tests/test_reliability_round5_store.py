@@ -48,7 +48,8 @@ from gagpo.storage.archive import (
     segment_path,
 )
 from gagpo.storage.compaction import compact
-from gagpo.storage.store import OutsideStoreError, Store
+from gagpo.storage.confine import OutsideStoreError
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,9 @@ from pydantic import ValidationError
 from gagpo.actors.config import ActorConfig
 from gagpo.learner.config import LearnerConfig
 from gagpo.schemas import layout
+from gagpo.schemas.layout import COMPLETE
 from gagpo.storage.policy_cache import VersionCache
-from gagpo.storage.store import COMPLETE, Store
+from gagpo.storage.store import Store
 from gagpo.workflows import evaluate
 
 CLI = (sys.executable, "-m", "gagpo.learner.cli")

@@ -155,7 +155,7 @@ def test_store_labels(tmp_path):
 
 def test_report_shows_the_heldout_evaluation(known_store, tmp_path):
     from gagpo.schemas import columns as C
-    from gagpo.storage.store import EVAL, HELDOUT
+    from gagpo.schemas.layout import EVAL, HELDOUT
 
     before = write_report(known_store.root, tmp_path / "before")
     table = pa.Table.from_pylist(

@@ -20,7 +20,8 @@ from gagpo.inspection import sql
 from gagpo.inspection.cli import inspect
 from gagpo.schemas import columns as C
 from gagpo.schemas.errors import GagpoError
-from gagpo.storage.store import COMPLETE, Store
+from gagpo.schemas.layout import COMPLETE
+from gagpo.storage.store import Store
 from tests.helpers.sql import build_known_store, write_histograms
 from tests.helpers.steps import make_steps
 
@@ -241,7 +242,7 @@ def test_heldout_view_reads_the_runs_evaluation(known_store):
     import pyarrow as pa
 
     from gagpo.schemas import columns as C
-    from gagpo.storage.store import EVAL, HELDOUT
+    from gagpo.schemas.layout import EVAL, HELDOUT
 
     assert rows(sql.open_store_db(known_store), "SELECT * FROM heldout") == []
     table = pa.Table.from_pylist(

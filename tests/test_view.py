@@ -406,7 +406,7 @@ def test_assets_ship_in_the_package_and_name_no_other_host():
 
 def page_data(session: StoreSession, group_id: str, tag: str) -> dict:
     """What the group, compare and run pages read, without the store's label."""
-    from gagpo.inspection.view import data
+    from gagpo.inspection.view import data, pools
 
     shown = {
         "stored": data.group_view(session, group_id, f"stored:{tag}", {}),
@@ -414,7 +414,7 @@ def page_data(session: StoreSession, group_id: str, tag: str) -> dict:
         "compare": data.compare_view(session, group_id, [("grpo", {}), ("gagpo", {})]),
         "groups": data.group_list(session),
         "run": data.run_data(session),
-        "pools": data.pools_view(session),
+        "pools": pools.pools_view(session),
     }
     return data.plain(
         {k: {**v, "store": None} if isinstance(v, dict) else v for k, v in shown.items()}
@@ -458,7 +458,7 @@ def test_the_pools_page_equals_the_state_pools_view(view_store, tmp_path):
     tag, a minhash tag and a group without advantages, it says what the view says."""
     import shutil
 
-    from gagpo.inspection.view import data
+    from gagpo.inspection.view.pools import pools_view
     from tests.helpers.view import GAGPO, run
 
     store = tmp_path / "store"
@@ -467,7 +467,7 @@ def test_the_pools_page_equals_the_state_pools_view(view_store, tmp_path):
     shard = sorted(store.glob("shards/run=*/*.parquet"))[0].name
     for table in store.glob(f"advantages/*/{shard}"):  # that shard's group: no advantages
         table.unlink()
-    view = data.pools_view(StoreSession("s", str(store)), limit=1000)
+    view = pools_view(StoreSession("s", str(store)), limit=1000)
     modes = query_store(
         store,
         """
@@ -500,5 +500,5 @@ def test_the_pools_page_equals_the_state_pools_view(view_store, tmp_path):
         ORDER BY visits DESC, estimator, group_id, pool_id""",
     ).to_pylist()
     assert merged and view["merged"] == merged
-    top = data.pools_view(StoreSession("s", str(store)), limit=3)["largest"]
+    top = pools_view(StoreSession("s", str(store)), limit=3)["largest"]
     assert [p["visits"] for p in top] == [p["visits"] for p in pools[:3]]

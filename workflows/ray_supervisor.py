@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 
 from gagpo.schemas.errors import GagpoError
-from gagpo.storage.store import Store, new_id
+from gagpo.schemas.layout import new_id
+from gagpo.storage.store import Store
 from gagpo.workflows.layout import Plan, Process
 from gagpo.workflows.ray_host import HostState, ProcessHost, RankHost, resumed_command
 from gagpo.workflows.ray_placement import (

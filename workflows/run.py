@@ -22,8 +22,9 @@ from pathlib import Path
 
 from gagpo.actors.config import ActorConfig
 from gagpo.schemas.errors import GagpoError
+from gagpo.schemas.layout import new_id
 from gagpo.schemas.overrides import split_sections
-from gagpo.storage.store import Store, new_id
+from gagpo.storage.store import Store
 from gagpo.workflows.recipe import SET_TABLES, RunConfig, load_recipe, recipe_path
 from gagpo.workflows.warmstart import WarmstartConfig, warmstart
 

@@ -275,8 +275,8 @@ class Run:
     def count_writes_in_flight(self) -> None:
         """Whether the kill cut a publication or a state write short (folders left without
         their marker; the next --resume removes them)."""
-        from gagpo.learner.publish import is_complete
         from gagpo.learner.state import checkpoint_dir, state_versions
+        from gagpo.storage.folders import is_complete
 
         self.store.fs.invalidate_cache()
         latest = self.store.policies.latest() or 0

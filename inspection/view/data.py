@@ -47,7 +47,6 @@ from gagpo.inspection.sql import (
     query_store,
     run_query,
 )
-from gagpo.inspection.view.pools import pools_view  # noqa: F401  # the pools page
 from gagpo.pipeline.advantages import POOL_ID, compute_advantages
 from gagpo.pipeline.config import ESTIMATOR_NAMES, parse_estimator_config
 from gagpo.schemas import columns as C

@@ -11,8 +11,7 @@ from typing import Any, Protocol
 
 
 class StoreSession(Protocol):
-    """What the page reads through: inspection/view/data.py's `StoreSession` (which
-    re-exports `pools_view`, so this module does not import it)."""
+    """What the page reads through (inspection/view/data.py's `StoreSession` is one)."""
 
     label: str
 

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from gagpo.schemas import columns as C
-from gagpo.storage.store import COMPLETE, Store
+from gagpo.schemas.layout import COMPLETE
+from gagpo.storage.store import Store
 from tests.helpers.steps import make_steps
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
