@@ -196,29 +196,21 @@ class AgentEnv:
             return self._stopped_at_context(turn.call, event)
         if hasattr(event, "call"):
             call = event.call
-            if len(self._keys) >= self.max_turns:  # refused: the rollout is cut here
+            cut = len(self._keys) >= self.max_turns  # the call is refused: the rollout ends here
+            if cut:
                 self.close(f"the rollout reached its turn limit (max_turns={self.max_turns})")
-                return AgentTransition(
-                    call.observation,
-                    turn.call.state_key,
-                    call.state_key,
-                    0.0,
-                    done=False,
-                    truncated=True,
-                    action_valid=True,
-                    admissible=None,
-                )
-            self._turn = event
+            else:
+                self._turn = event
             return AgentTransition(
                 call.observation,
                 turn.call.state_key,
                 call.state_key,
                 0.0,
                 done=False,
-                truncated=False,
+                truncated=cut,
                 action_valid=True,
                 admissible=None,
-                chat=call,
+                chat=None if cut else call,
             )
         rewards, won, truncated = read_outcome(event.result, len(self._keys))
         self.close("the agent ended")
