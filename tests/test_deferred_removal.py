@@ -18,8 +18,6 @@ import pytest
 
 from gagpo.inspection import sql_sources as src
 from gagpo.inspection.sql import query_store
-from gagpo.pipeline.config import GagpoConfig
-from gagpo.pipeline.recompute import recompute_store
 from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.storage.archive import (
@@ -32,35 +30,14 @@ from gagpo.storage.archive import (
 )
 from gagpo.storage.compaction import compact
 from gagpo.storage.store import Store
-from tests.helpers.steps import make_steps
+from tests.helpers.compacting import commit_shard, prepared
 
-GROUP_SIZE = 3
 COUNTS = (
     "SELECT (SELECT count(*) FROM steps) AS n,"
     " (SELECT count(DISTINCT traj_id || ':' || step) FROM steps) AS d,"
     " (SELECT list(DISTINCT group_id) FROM steps) AS ids,"
     " (SELECT count(*) FROM advantages) AS a"
 )
-
-
-def commit(store: Store, number: int, groups: int = 1) -> set[str]:
-    table = make_steps(
-        run_id=f"r{number % 2}", shard_id=f"s{number:04d}", groups=groups, group_size=GROUP_SIZE
-    )
-    store.write_shard(table, group_size=GROUP_SIZE)
-    return set(table[C.GROUP_ID].to_pylist())
-
-
-def prepared(url: str, defer: bool = True) -> tuple[Store, set[str], int]:
-    """An archive with an open segment (a deferring generation), three inbox shards, an
-    advantage table for every file; its groups and steps."""
-    store = Store(url)
-    groups: set[str] = set()
-    for number in range(6):
-        groups |= commit(store, number, groups=1 + number % 2)
-    recompute_store(url, None, GagpoConfig())
-    compact(store, store.list_shards()[:3], None, defer_removal=defer)
-    return store, groups, read_steps_table(store, [C.GROUP_ID]).num_rows
 
 
 def files_of(store: Store) -> list[str]:
@@ -99,7 +76,8 @@ def test_a_reader_pass_spanning_one_whole_compaction_finds_every_file(tmp_path, 
     and moves two shards), then the pass reads its footers and lists the advantage tables:
     one pass, nothing missing, each group and step once. Before (removal at once) the moved
     shards and the merged segment were gone: the pass was thrown away and resolved again."""
-    store, groups, steps = prepared(str(tmp_path / "store"))
+    store, expected = prepared(str(tmp_path / "store"), defer=True)
+    groups, steps = expected.groups, expected.steps
     named = files_of(store)
     passes, answer = query_with_a_compaction_inside(store, monkeypatch, defer=True)
     assert passes == {"n": 1, "compactions": 1}, passes
@@ -111,7 +89,8 @@ def test_a_reader_pass_spanning_one_whole_compaction_finds_every_file(tmp_path, 
 def test_removal_at_once_still_costs_a_second_pass(tmp_path, monkeypatch):
     """The contrast (and the default, `gagpo compact`'s): a compaction that removes at once
     takes files from under the pass; the reader notices and resolves again, exact."""
-    store, groups, steps = prepared(str(tmp_path / "store"), defer=False)
+    store, expected = prepared(str(tmp_path / "store"))
+    groups, steps = expected.groups, expected.steps
     passes, answer = query_with_a_compaction_inside(store, monkeypatch, defer=False)
     assert passes["n"] == 2, passes
     assert set(answer["ids"]) == groups and answer["n"] == answer["d"] == steps == answer["a"]
@@ -122,7 +101,8 @@ def test_what_a_generation_superseded_goes_when_the_next_one_commits(tmp_path):
     the moved shards by generation 2's moved list), and no compaction moves them again,
     while generation 1's leftovers went at generation 2's commit; generation 3's commit
     removes generation 2's, which is then cleared."""
-    store, groups, _ = prepared(str(tmp_path / "store"))
+    store, expected = prepared(str(tmp_path / "store"), defer=True)
+    groups = expected.groups
     first = read_manifest(store)
     assert first.defers and not first.cleared and moved_by(store, first)
     compact(store, store.list_shards()[:-1], None, defer_removal=True)
@@ -139,7 +119,7 @@ def test_what_a_generation_superseded_goes_when_the_next_one_commits(tmp_path):
     again = compact(store, [r for r in store.list_shards() if r.shard_id in moved], None)
     assert again.generation is None and read_manifest(store).generation == 2
     assert moved <= {r.shard_id for r in store.list_shards()}  # not removed: no commit
-    groups |= commit(store, 50)
+    groups |= commit_shard(store, 50)
     compact(store, store.list_shards(), None, defer_removal=True)
     third = read_manifest(store)
     assert previous_manifest(store, third).cleared and not third.cleared
@@ -151,7 +131,7 @@ def test_what_a_generation_superseded_goes_when_the_next_one_commits(tmp_path):
     keys = pc.binary_join_element_wise(table[C.TRAJ_ID], pc.cast(table[C.STEP], "string"), ":")
     assert len(pc.unique(keys)) == table.num_rows  # each step once
     # a compaction that removes at once clears both generations' leftovers
-    groups |= commit(store, 51)
+    groups |= commit_shard(store, 51)
     compact(store, store.list_shards(), None)
     assert_tidy(store)
     assert set(read_steps_table(store, [C.GROUP_ID])[C.GROUP_ID].to_pylist()) == groups
@@ -203,9 +183,10 @@ def test_a_compaction_cut_at_any_operation_leaves_readers_exact_and_recovery_tid
     its store operations in turn: the readers see every group once right after, and the
     next two compactions (a deferring one, then one that removes at once) leave only what
     the newest manifest names."""
-    template, groups, _ = prepared(str(tmp_path / "template"))
+    template, expected = prepared(str(tmp_path / "template"), defer=True)
+    groups = expected.groups
     compact(template, template.list_shards()[:-1], None, defer_removal=True)
-    groups |= commit(template, 60) | commit(template, 61)
+    groups |= commit_shard(template, 60) | commit_shard(template, 61)
     points, cut = 0, True
     while cut:
         points += 1
@@ -227,9 +208,9 @@ def test_a_compaction_cut_at_any_operation_leaves_readers_exact_and_recovery_tid
         assert len(pc.unique(keys)) == table.num_rows, where
         answer = query_store(url, COUNTS).to_pylist()[0]
         assert set(answer["ids"]) == groups and answer["n"] == answer["d"], where
-        both = groups | commit(store, 70)
+        both = groups | commit_shard(store, 70)
         compact(store, store.list_shards(), None, defer_removal=True)
-        both |= commit(store, 71)
+        both |= commit_shard(store, 71)
         compact(store, store.list_shards(), None)
         assert_tidy(store)
         assert set(read_steps_table(store, [C.GROUP_ID])[C.GROUP_ID].to_pylist()) == both, where

@@ -56,18 +56,15 @@ import pytest
 
 from gagpo.inspection import sql_sources as src
 from gagpo.inspection.sql import query_store
-from gagpo.pipeline.config import GagpoConfig
-from gagpo.pipeline.recompute import recompute_store
 from gagpo.schemas import columns as C
 from gagpo.storage.archive import read_steps_table, step_files
 from gagpo.storage.compaction import compact
 from gagpo.storage.store import Store
-from tests.helpers.steps import make_steps
+from tests.helpers.compacting import Expected, commit_shard, prepared
 
 HEAVY = os.environ.get("GAGPO_STRESS_HEAVY") == "1"
 STORM_S = float(os.environ.get("GAGPO_STRESS_SECONDS", "40" if HEAVY else "6"))
 SEED = int(os.environ.get("GAGPO_STRESS_SEED", str(random.SystemRandom().randrange(10**6))))
-GROUP_SIZE = 3
 # The store operations a sweep counts, and at which the storm sleeps: every listing, read,
 # commit and removal of the store, each footer a SQL reader reads, each dataset it opens.
 STORE_OPS = ("glob", "read_bytes", "commit_bytes", "create_exclusive", "remove_files", "exists")
@@ -160,36 +157,6 @@ def stores(request, tmp_path) -> Stores:
         return Stores("local", lambda: str(tmp_path / f"store-{uuid.uuid4().hex[:8]}"))
     request.getfixturevalue("s3_endpoint")
     return Stores("s3", lambda: f"s3://gagpo/round6-{uuid.uuid4().hex[:8]}")
-
-
-def commit_shard(store: Store, number: int, groups: int = 1) -> set[str]:
-    """Commit shard `number` (1 or `groups` groups) as an actor does; its group ids."""
-    table = make_steps(
-        run_id=f"r{number % 2}", shard_id=f"s{number:04d}", groups=groups, group_size=GROUP_SIZE
-    )
-    store.write_shard(table, group_size=GROUP_SIZE)
-    return set(table[C.GROUP_ID].to_pylist())
-
-
-@dataclass
-class Expected:
-    groups: set[str]
-    steps: int
-    advantages: int  # steps with an advantage table
-
-
-def prepared(url: str, defer: bool = False) -> tuple[Store, Expected]:
-    """A store with an archive (one open segment) and an inbox of three shards, each file
-    with its advantage table: the next compaction merges the segment and moves two.
-    `defer`: the archive's generation defers removal (its moved shards still there)."""
-    store = Store(url)
-    groups: set[str] = set()
-    for number in range(6):
-        groups |= commit_shard(store, number, groups=1 + number % 2)
-    recompute_store(url, None, GagpoConfig())
-    compact(store, store.list_shards()[:3], None, defer_removal=defer)
-    steps = read_steps_table(store, [C.GROUP_ID]).num_rows
-    return store, Expected(groups, steps, steps)
 
 
 def next_compaction(store: Store, defer: bool = False) -> None:

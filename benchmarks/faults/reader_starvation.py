@@ -37,36 +37,11 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from gagpo.inspection import sql as sql_module  # noqa: E402
 from gagpo.inspection.sql import query_store  # noqa: E402
-from gagpo.pipeline.config import GagpoConfig  # noqa: E402
-from gagpo.pipeline.recompute import recompute_store  # noqa: E402
-from gagpo.schemas import columns as C  # noqa: E402
 from gagpo.storage.compaction import compact  # noqa: E402
 from gagpo.storage.store import Store  # noqa: E402
-from tests.helpers.steps import make_steps  # noqa: E402
+from tests.helpers.compacting import commit_shard, prepared  # noqa: E402
 
-GROUP_SIZE = 3
 _role = threading.local()  # "reader" in the reader's thread
-
-
-def commit_shard(store: Store, number: int, groups: int = 1) -> set[str]:
-    """Commit shard `number` as an actor does; its group ids."""
-    table = make_steps(
-        run_id=f"r{number % 2}", shard_id=f"s{number:04d}", groups=groups, group_size=GROUP_SIZE
-    )
-    store.write_shard(table, group_size=GROUP_SIZE)
-    return set(table[C.GROUP_ID].to_pylist())
-
-
-def prepared(url: str) -> tuple[Store, set[str]]:
-    """A store with an archive (one open segment) and three inbox shards, each file with
-    its advantage table; its group ids."""
-    store = Store(url)
-    groups: set[str] = set()
-    for number in range(6):
-        groups |= commit_shard(store, number, groups=1 + number % 2)
-    recompute_store(url, None, GagpoConfig())
-    compact(store, store.list_shards()[:3], None)
-    return store, groups
 
 
 # The stress test's query: the steps view's rows, steps and groups, the advantages view's.
@@ -113,7 +88,8 @@ def slow_reader_requests(seconds: float) -> None:
 
 def run(seconds: float, defer: bool = False) -> dict:
     url = tempfile.mkdtemp(prefix="starvation-") + "/store"
-    store, committed = prepared(url)
+    store, expected = prepared(url)
+    committed = expected.groups
     lock, stop = threading.Lock(), threading.Event()
     counts = {
         "answers": 0,
