@@ -32,10 +32,7 @@ from gagpo.storage.archive import (
     step_files,
 )
 from gagpo.storage.registry import LOADS_SCHEMA, check_loads
-from gagpo.storage.resolving import (
-    RESOLVE_DEADLINE_S,
-    Tries,
-)
+from gagpo.storage.resolving import RESOLVE_DEADLINE_S, Tries
 from gagpo.storage.store import Store
 
 ESTIMATOR = "estimator"

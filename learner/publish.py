@@ -44,10 +44,7 @@ from gagpo.storage import folders
 from gagpo.storage.background import Background
 from gagpo.storage.delta import DeltaPublisher
 from gagpo.storage.faults import set_thread_ordinal
-from gagpo.storage.folders import (
-    folder_bytes,
-    remove_folder,
-)
+from gagpo.storage.folders import folder_bytes, remove_folder
 from gagpo.storage.store import Store
 
 if TYPE_CHECKING:

@@ -59,9 +59,7 @@ from gagpo.schemas import columns as C
 from gagpo.schemas import layout
 from gagpo.schemas.errors import GagpoError, first_line
 from gagpo.storage.resolving import Tries
-from gagpo.storage.segments import (
-    checked_segment,
-)
+from gagpo.storage.segments import checked_segment
 from gagpo.storage.store import ShardRef, Store, parquet_table
 
 MANIFEST_FORMAT = 2  # 1: the moved shard ids inline (read, never written)
